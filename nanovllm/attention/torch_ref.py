@@ -1,0 +1,69 @@
+"""Plain-PyTorch paged attention: the CPU path and the reference every kernel is checked against.
+
+Cache layout (one tensor for K, one for V, per layer): [num_blocks, block_size, num_kv_heads, head_dim].
+Token t of a sequence lives in block block_table[t // block_size] at offset t % block_size, so its
+flat slot is block_table[t // block_size] * block_size + t % block_size.
+"""
+import torch
+
+from nanovllm.attention.metadata import AttentionMetadata
+
+
+def store_kv_ref(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 slot_mapping: torch.Tensor) -> None:
+    """Write k, v [num_tokens, num_kv_heads, head_dim] into the cache at slot_mapping (-1: skip)."""
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep]
+    k_cache.view(-1, *k_cache.shape[2:])[slots] = k[keep].to(k_cache.dtype)
+    v_cache.view(-1, *v_cache.shape[2:])[slots] = v[keep].to(v_cache.dtype)
+
+
+def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, context_len: int) -> torch.Tensor:
+    """The first context_len tokens of one sequence: [context_len, num_kv_heads, head_dim]."""
+    block_size = cache.shape[1]
+    num_blocks = (context_len + block_size - 1) // block_size
+    return cache[block_table[:num_blocks].long()].flatten(0, 1)[:context_len]
+
+
+def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """Causal attention of q [n_q, Hq, D] over k, v [n_k, Hkv, D], with q being the last n_q positions.
+
+    Query i sits at position n_k - n_q + i and sees keys 0..that position. Math in float32.
+    """
+    n_q, num_heads, _ = q.shape
+    n_k, num_kv_heads, _ = k.shape
+    group = num_heads // num_kv_heads
+    k = k.float().repeat_interleave(group, dim=1)   # [n_k, Hq, D]
+    v = v.float().repeat_interleave(group, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", q.float(), k) * scale
+    q_pos = torch.arange(n_k - n_q, n_k, device=q.device)[:, None]
+    k_pos = torch.arange(n_k, device=q.device)[None, :]
+    scores = scores.masked_fill(k_pos > q_pos, float("-inf"))
+    out = torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1), v)
+    return out.to(q.dtype)
+
+
+def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                        meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """Attention for a flat batch q [num_tokens, Hq, D] reading K/V through block tables."""
+    out = torch.empty_like(q)
+    cu = meta.cu_seqlens_q_cpu
+    for i, context_len in enumerate(meta.context_lens_cpu):
+        k = gather_kv(k_cache, meta.block_tables[i], context_len)
+        v = gather_kv(v_cache, meta.block_tables[i], context_len)
+        out[cu[i]:cu[i + 1]] = attention_ref(q[cu[i]:cu[i + 1]], k, v, scale)
+    return out
+
+
+class TorchBackend:
+    """Reference backend: scatter into the cache, gather per sequence, attend in float32."""
+    name = "torch"
+
+    def kv_cache_shape(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int):
+        return (num_blocks, block_size, num_kv_heads, head_dim)
+
+    def store_kv(self, k, v, k_cache, v_cache, meta: AttentionMetadata) -> None:
+        store_kv_ref(k, v, k_cache, v_cache, meta.slot_mapping)
+
+    def forward(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        return paged_attention_ref(q, k_cache, v_cache, meta, scale)

@@ -1,0 +1,124 @@
+"""Every engine setting in one validated dataclass (vLLM's names)."""
+import json
+import os
+from dataclasses import dataclass, field, fields
+
+import torch
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+          "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "half": torch.float16,
+          "float": torch.float32}
+DEVICES = ("auto", "cuda", "cpu")
+LOAD_FORMATS = ("auto", "dummy")
+ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash_attn")
+KV_CACHE_DTYPES = ("auto",)
+
+
+def _choice(name: str, value, allowed) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name}={value!r} is not supported; choose one of {list(allowed)}")
+
+
+@dataclass
+class Config:
+    """Engine settings; `LLM(model, **kwargs)` builds one and validates it."""
+    model: str
+    max_num_batched_tokens: int = 16384
+    max_num_seqs: int = 256
+    max_model_len: int = 4096
+    gpu_memory_utilization: float = 0.9
+    kvcache_block_size: int = 256
+    num_kvcache_blocks: int = -1          # -1: size the cache from memory
+    cpu_kvcache_space_gib: float = 1.0    # KV cache size on CPU (vLLM: VLLM_CPU_KVCACHE_SPACE)
+    enforce_eager: bool = False
+    tensor_parallel_size: int = 1
+    dtype: str | torch.dtype = "auto"
+    device: str = "auto"
+    load_format: str = "auto"
+    seed: int = 0
+    attention_backend: str = "auto"
+    kv_cache_dtype: str = "auto"
+    enable_prefix_caching: bool = True
+    hf_config: object = field(default=None, repr=False)
+    eos_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        self.model = os.path.expanduser(self.model)
+        if not os.path.isdir(self.model):
+            raise ValueError(f"model={self.model!r} is not a directory holding config.json")
+        for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len", "tensor_parallel_size"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.kvcache_block_size < 1 or self.kvcache_block_size % 16:
+            raise ValueError(f"kvcache_block_size must be a positive multiple of 16, got {self.kvcache_block_size}")
+        if self.num_kvcache_blocks != -1 and self.num_kvcache_blocks < 1:
+            raise ValueError(f"num_kvcache_blocks must be -1 (auto) or >= 1, got {self.num_kvcache_blocks}")
+        _choice("device", self.device, DEVICES)
+        _choice("load_format", self.load_format, LOAD_FORMATS)
+        _choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
+        _choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
+        if self.device == "auto":
+            self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("device='cuda' was asked for but CUDA is not available; use device='cpu' or 'auto'")
+        self.hf_config = load_hf_config(self.model)
+        self.dtype = resolve_dtype(self.dtype, self.hf_config)
+        self.max_model_len = min(self.max_model_len, self.hf_config.max_position_embeddings)
+        self.eos_token_ids = tuple(self.eos_token_ids) or read_eos_token_ids(self.model, self.hf_config)
+        _check_divides(self.tensor_parallel_size, self.hf_config)
+
+    @property
+    def torch_device(self) -> torch.device:
+        return torch.device(self.device)
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in fields(cls) if f.name not in ("model", "hf_config")]
+
+
+def load_hf_config(model_dir: str):
+    from transformers import AutoConfig
+    return AutoConfig.from_pretrained(model_dir)
+
+
+def resolve_dtype(dtype: str | torch.dtype, hf_config) -> torch.dtype:
+    """'auto' follows the checkpoint (bf16 stays bf16); float32 checkpoints stay float32."""
+    if isinstance(dtype, torch.dtype):
+        if dtype not in DTYPES.values():
+            raise ValueError(f"dtype={dtype} is not supported; choose one of {sorted(set(DTYPES))} or 'auto'")
+        return dtype
+    if dtype == "auto":
+        stored = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None) or torch.bfloat16
+        return DTYPES[stored] if isinstance(stored, str) else stored
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype={dtype!r} is not supported; choose one of {sorted(DTYPES)} or 'auto'")
+    return DTYPES[dtype]
+
+
+def read_eos_token_ids(model_dir: str, hf_config) -> tuple[int, ...]:
+    """EOS ids from config.json, generation_config.json and the tokenizer config (there may be several)."""
+    ids: set[int] = set()
+
+    def add(value):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(v for v in value if isinstance(v, int))
+
+    add(getattr(hf_config, "eos_token_id", None))
+    gen_path = os.path.join(model_dir, "generation_config.json")
+    if os.path.exists(gen_path):
+        with open(gen_path) as f:
+            add(json.load(f).get("eos_token_id"))
+    return tuple(sorted(ids))
+
+
+def _check_divides(tp: int, hf_config) -> None:
+    heads, kv_heads = hf_config.num_attention_heads, hf_config.num_key_value_heads
+    if heads % tp:
+        raise ValueError(f"tensor_parallel_size={tp} must divide num_attention_heads={heads}")
+    if kv_heads % tp and tp % kv_heads:
+        raise ValueError(f"tensor_parallel_size={tp} must divide num_key_value_heads={kv_heads} "
+                         f"or be a multiple of it (KV heads are then replicated)")

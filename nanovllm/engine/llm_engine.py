@@ -1,0 +1,146 @@
+"""The generate loop: validate and tokenize requests, schedule, run, check stop conditions, detokenize."""
+import logging
+import time
+
+from tqdm.auto import tqdm
+from transformers import AutoTokenizer
+
+from nanovllm.config import Config
+from nanovllm.engine.model_runner import ModelRunner
+from nanovllm.engine.scheduler import Scheduler
+from nanovllm.engine.sequence import Sequence
+from nanovllm.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+def build_config(model: str, kwargs: dict) -> Config:
+    valid = Config.field_names()
+    unknown = sorted(set(kwargs) - set(valid))
+    if unknown:
+        raise TypeError(f"unknown LLM argument(s) {unknown}; valid ones are {valid}")
+    return Config(model, **kwargs)
+
+
+class LLMEngine:
+    """Owns the tokenizer, the scheduler and the model runner."""
+
+    def __init__(self, model: str, **kwargs):
+        self.config = config = build_config(model, kwargs)
+        self.tokenizer = AutoTokenizer.from_pretrained(config.model)
+        eos = set(config.eos_token_ids)
+        if self.tokenizer.eos_token_id is not None:
+            eos.add(self.tokenizer.eos_token_id)
+        self.eos_token_ids = frozenset(eos)
+        Sequence.block_size = config.kvcache_block_size
+        self.model_runner = ModelRunner(config)
+        self.scheduler = Scheduler(config, self.model_runner.num_kvcache_blocks)
+
+    # ---- requests -------------------------------------------------------------------------------
+    def tokenize(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt)
+        return list(prompt)
+
+    def validate(self, token_ids: list[int]) -> None:
+        vocab, max_len = self.config.hf_config.vocab_size, self.config.max_model_len
+        if not token_ids:
+            raise ValueError("the prompt is empty; give at least one token")
+        bad = [t for t in token_ids if not isinstance(t, int) or not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt token id(s) {bad[:5]} are outside the vocabulary [0, {vocab})")
+        if len(token_ids) >= max_len:
+            raise ValueError(f"the prompt has {len(token_ids)} tokens; max_model_len={max_len} leaves room "
+                             f"for at most {max_len - 1}")
+
+    def add_request(self, prompt: str | list[int], sampling_params: SamplingParams) -> Sequence:
+        """Raises ValueError for a bad prompt before anything is queued."""
+        token_ids = self.tokenize(prompt)
+        self.validate(token_ids)
+        seq = Sequence(token_ids, sampling_params)
+        self.scheduler.add(seq)
+        return seq
+
+    # ---- steps ----------------------------------------------------------------------------------
+    def step(self) -> tuple[list[Sequence], int, bool]:
+        """One scheduled batch: returns (finished sequences, tokens computed, was it prefill)."""
+        batch = self.scheduler.schedule()
+        token_ids = self.model_runner.run(batch)
+        finished = []
+        for seq in self.scheduler.postprocess(batch, token_ids):
+            reason = self.stop_reason(seq)
+            if reason:
+                self.scheduler.finish(seq, reason)
+                finished.append(seq)
+        return finished, batch.num_tokens, batch.is_prefill
+
+    def stop_reason(self, seq: Sequence) -> str | None:
+        params, last = seq.sampling_params, seq.token_ids[-1]
+        if not params.ignore_eos and last in self.eos_token_ids:
+            return "stop"
+        if last in params.stop_token_ids:
+            return "stop"
+        if params.stop and self._find_stop_string(seq):
+            return "stop"
+        if seq.num_completion_tokens >= params.max_tokens or len(seq) >= self.config.max_model_len:
+            return "length"
+        return None
+
+    def _find_stop_string(self, seq: Sequence) -> bool:
+        text = self.detokenize(seq.completion_token_ids)
+        hits = [i for i in (text.find(s) for s in seq.sampling_params.stop) if i >= 0]
+        if hits:
+            seq.text = text[:min(hits)]
+        return bool(hits)
+
+    def detokenize(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+    def output(self, seq: Sequence) -> dict:
+        text = getattr(seq, "text", None)
+        return {"text": self.detokenize(seq.completion_token_ids) if text is None else text,
+                "token_ids": seq.completion_token_ids, "prompt_token_ids": seq.prompt_token_ids,
+                "finish_reason": seq.finish_reason}
+
+    # ---- the loop -------------------------------------------------------------------------------
+    def generate(self, prompts: list[str] | list[list[int]],
+                 sampling_params: SamplingParams | list[SamplingParams] | None = None,
+                 use_tqdm: bool = True) -> list[dict]:
+        """Outputs in input order. A bad request gets {'error': ..., 'finish_reason': 'error'} and the
+        others still run."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        sampling_params = sampling_params or SamplingParams()
+        if not isinstance(sampling_params, list):
+            sampling_params = [sampling_params] * len(prompts)
+        if len(sampling_params) != len(prompts):
+            raise ValueError(f"got {len(sampling_params)} SamplingParams for {len(prompts)} prompts; "
+                             f"give one, or one per prompt")
+        outputs: list[dict | None] = [None] * len(prompts)
+        index: dict[int, int] = {}
+        for i, (prompt, params) in enumerate(zip(prompts, sampling_params)):
+            try:
+                index[self.add_request(prompt, params).seq_id] = i
+            except ValueError as e:
+                logger.warning("request %d rejected: %s", i, e)
+                outputs[i] = {"text": "", "token_ids": [], "prompt_token_ids": [], "finish_reason": "error",
+                              "error": str(e)}
+        self._run_until_done(outputs, index, use_tqdm)
+        return outputs
+
+    def _run_until_done(self, outputs: list, index: dict[int, int], use_tqdm: bool) -> None:
+        bar = tqdm(total=len(index), desc="Generating", dynamic_ncols=True, disable=not use_tqdm)
+        prefill_tps = decode_tps = 0.0
+        while not self.scheduler.is_finished():
+            t = time.perf_counter()
+            finished, num_tokens, is_prefill = self.step()
+            rate = num_tokens / max(time.perf_counter() - t, 1e-9)
+            if is_prefill:
+                prefill_tps = rate
+            else:
+                decode_tps = rate
+            bar.set_postfix(prefill=f"{prefill_tps:.0f}tok/s", decode=f"{decode_tps:.0f}tok/s")
+            for seq in finished:
+                outputs[index[seq.seq_id]] = self.output(seq)
+                bar.update(1)
+        bar.close()

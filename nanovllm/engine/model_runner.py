@@ -1,0 +1,177 @@
+"""Runs the model for one scheduled batch: device setup, KV cache allocation, step inputs, sampling."""
+import logging
+
+import numpy as np
+import torch
+
+from nanovllm.attention.backend import get_attention_backend
+from nanovllm.attention.metadata import AttentionMetadata, use_metadata
+from nanovllm.config import Config
+from nanovllm.engine.scheduler import ScheduledBatch
+from nanovllm.engine.sequence import Sequence
+from nanovllm.layers.attention import Attention
+from nanovllm.layers.sampler import Sampler, SamplingTensors
+from nanovllm.models import get_model_class
+from nanovllm.utils.loader import load_dummy, load_model
+
+logger = logging.getLogger(__name__)
+
+
+class ModelRunner:
+    """Owns the model, its KV cache and the sampler on one device."""
+
+    def __init__(self, config: Config):
+        self.config = config
+        self.device = config.torch_device
+        self.block_size = config.kvcache_block_size
+        hf = config.hf_config
+        torch.manual_seed(config.seed)
+        self.model = self._build_model()
+        self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
+        self.backend = get_attention_backend(config.attention_backend, config.device)
+        for layer in self.attention_layers:
+            layer.backend = self.backend
+        self.sampler = Sampler()
+        self.vocab_size = hf.vocab_size
+        self.num_kvcache_blocks = self._decide_num_blocks()
+        self._allocate_kv_cache(self.num_kvcache_blocks)
+        logger.info("KV cache: %d blocks of %d tokens = %d tokens", self.num_kvcache_blocks,
+                    self.block_size, self.num_kvcache_blocks * self.block_size)
+
+    def _build_model(self) -> torch.nn.Module:
+        config = self.config
+        default_dtype = torch.get_default_dtype()
+        torch.set_default_dtype(config.dtype)
+        try:
+            with torch.device(self.device):
+                model = get_model_class(config.hf_config)(config.hf_config)
+        finally:
+            torch.set_default_dtype(default_dtype)
+        if config.load_format == "dummy":
+            load_dummy(model, config.seed)
+        else:
+            load_model(model, config.model)
+        return model.eval()
+
+    # ---- KV cache -------------------------------------------------------------------------------
+    def block_bytes(self) -> int:
+        layer = self.attention_layers[0]
+        per_token = 2 * layer.num_kv_heads * layer.head_dim * self.config.dtype.itemsize
+        return per_token * self.block_size * len(self.attention_layers)
+
+    def _decide_num_blocks(self) -> int:
+        config = self.config
+        if config.num_kvcache_blocks > 0:
+            num_blocks = config.num_kvcache_blocks
+        elif self.device.type == "cuda":
+            num_blocks = self._blocks_from_gpu_memory()
+        else:
+            num_blocks = int(config.cpu_kvcache_space_gib * 2**30) // self.block_bytes()
+        needed = (config.max_model_len + self.block_size - 1) // self.block_size
+        if num_blocks < needed:
+            raise ValueError(f"the KV cache holds {num_blocks} blocks ({num_blocks * self.block_size} tokens), "
+                             f"fewer than one sequence of max_model_len={config.max_model_len} needs; raise "
+                             f"num_kvcache_blocks / gpu_memory_utilization / cpu_kvcache_space_gib or lower "
+                             f"max_model_len")
+        return num_blocks
+
+    def _blocks_from_gpu_memory(self) -> int:
+        """Run the largest prefill once with a small temporary cache, then give the cache whatever
+        `gpu_memory_utilization` leaves after weights and peak activations."""
+        config = self.config
+        seq_len = min(config.max_model_len, config.max_num_batched_tokens)
+        num_seqs = max(1, min(config.max_num_batched_tokens // seq_len, config.max_num_seqs))
+        warmup_blocks = num_seqs * ((seq_len + self.block_size - 1) // self.block_size)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        self._allocate_kv_cache(warmup_blocks)
+        seqs = [Sequence([0] * seq_len) for _ in range(num_seqs)]
+        blocks_per_seq = warmup_blocks // num_seqs
+        for i, seq in enumerate(seqs):
+            seq.block_table = list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq))
+        self.run(ScheduledBatch(seqs, [seq_len] * num_seqs, is_prefill=True))
+        torch.cuda.synchronize()
+        cache_bytes = warmup_blocks * self.block_bytes()
+        free, total = torch.cuda.mem_get_info()
+        stats = torch.cuda.memory_stats()
+        peak_without_cache = stats["allocated_bytes.all.peak"] - cache_bytes
+        non_torch = total - free - stats["reserved_bytes.all.current"]
+        budget = total * config.gpu_memory_utilization - non_torch - peak_without_cache
+        self._free_kv_cache()
+        return max(0, int(budget) // self.block_bytes())
+
+    def _allocate_kv_cache(self, num_blocks: int) -> None:
+        layer = self.attention_layers[0]
+        shape = self.backend.kv_cache_shape(num_blocks, self.block_size, layer.num_kv_heads, layer.head_dim)
+        self.kv_cache = torch.empty((2, len(self.attention_layers), *shape), dtype=self.config.dtype,
+                                    device=self.device)
+        for i, layer in enumerate(self.attention_layers):
+            layer.k_cache, layer.v_cache = self.kv_cache[0, i], self.kv_cache[1, i]
+
+    def _free_kv_cache(self) -> None:
+        for layer in self.attention_layers:
+            layer.k_cache = layer.v_cache = torch.tensor([])
+        del self.kv_cache
+        torch.cuda.empty_cache()
+
+    # ---- one step -------------------------------------------------------------------------------
+    def prepare(self, batch: ScheduledBatch):
+        """Flat input ids and positions, the attention metadata, and which rows to sample."""
+        input_ids, positions, slots = [], [], []
+        cu_q, context_lens, sample_rows = [0], [], []
+        max_blocks = max(len(seq.block_table) for seq in batch.seqs)
+        block_tables = np.full((len(batch.seqs), max_blocks), -1, dtype=np.int32)
+        for i, (seq, num_new) in enumerate(zip(batch.seqs, batch.num_new_tokens)):
+            start, end = seq.num_computed_tokens, seq.num_computed_tokens + num_new
+            table = np.asarray(seq.block_table, dtype=np.int64)
+            block_tables[i, :len(table)] = table
+            pos = np.arange(start, end)
+            input_ids.append(np.asarray(seq.token_ids[start:end], dtype=np.int64))
+            positions.append(pos)
+            slots.append(table[pos // self.block_size] * self.block_size + pos % self.block_size)
+            cu_q.append(cu_q[-1] + num_new)
+            context_lens.append(end)
+            if end == len(seq):
+                sample_rows.append(i)
+        to = dict(device=self.device)
+        meta = AttentionMetadata(
+            is_prefill=batch.is_prefill,
+            slot_mapping=torch.from_numpy(np.concatenate(slots)).to(**to),
+            context_lens=torch.tensor(context_lens, dtype=torch.int32, **to),
+            block_tables=torch.from_numpy(block_tables).to(**to),
+            cu_seqlens_q=torch.tensor(cu_q, dtype=torch.int32, **to),
+            max_seqlen_q=max(batch.num_new_tokens), max_seqlen_k=max(context_lens),
+            context_lens_cpu=context_lens, cu_seqlens_q_cpu=cu_q)
+        ids = torch.from_numpy(np.concatenate(input_ids)).to(**to)
+        pos = torch.from_numpy(np.concatenate(positions)).to(**to)
+        return ids, pos, meta, sample_rows
+
+    def sampling_tensors(self, seqs: list[Sequence]) -> SamplingTensors:
+        params = [seq.sampling_params for seq in seqs]
+        for seq in seqs:
+            if seq.sampling_params.seed is not None and seq.generator is None:
+                seq.generator = torch.Generator(device=self.device).manual_seed(seq.sampling_params.seed)
+        to = dict(device=self.device)
+        return SamplingTensors(
+            temperatures=torch.tensor([p.temperature for p in params], dtype=torch.float32, **to),
+            top_ks=torch.tensor([p.top_k if p.top_k > 0 else self.vocab_size for p in params], **to),
+            top_ps=torch.tensor([p.top_p for p in params], dtype=torch.float32, **to),
+            min_ps=torch.tensor([p.min_p for p in params], dtype=torch.float32, **to),
+            generators=[seq.generator for seq in seqs],
+            needs_filter=any(p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0 for p in params),
+            all_greedy=all(p.greedy for p in params))
+
+    @torch.inference_mode()
+    def run(self, batch: ScheduledBatch) -> list[int | None]:
+        """The sampled token for every scheduled sequence whose step reached its last token, else None."""
+        input_ids, positions, meta, sample_rows = self.prepare(batch)
+        with use_metadata(meta):
+            hidden_states = self.model(input_ids, positions)
+        last_token = torch.tensor([meta.cu_seqlens_q_cpu[i + 1] - 1 for i in sample_rows], device=self.device)
+        logits = self.model.compute_logits(hidden_states[last_token])
+        sampled_seqs = [batch.seqs[i] for i in sample_rows]
+        token_ids = self.sampler(logits, self.sampling_tensors(sampled_seqs)).tolist() if sample_rows else []
+        result: list[int | None] = [None] * len(batch.seqs)
+        for row, token_id in zip(sample_rows, token_ids):
+            result[row] = token_id
+        return result

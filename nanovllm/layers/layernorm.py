@@ -1,0 +1,26 @@
+"""RMSNorm, optionally fused with the residual add that precedes it."""
+import torch
+from torch import nn
+
+
+def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """y = w * x / sqrt(mean(x^2) + eps), statistics in float32 (as Hugging Face computes it)."""
+    dtype = x.dtype
+    x = x.float()
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x.to(dtype)
+
+
+class RMSNorm(nn.Module):
+    """forward(x) -> norm(x); forward(x, residual) -> (norm(x + residual), x + residual)."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(hidden_size), requires_grad=False)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        if residual is None:
+            return rms_norm_ref(x, self.weight, self.eps)
+        x = x + residual
+        return rms_norm_ref(x, self.weight, self.eps), x
