@@ -99,7 +99,7 @@ class BlockManager:
             if block.ref_count == 0:
                 self.free_block_ids[block_id] = None
         seq.block_table = []
-        seq.num_cached_tokens = seq.num_computed_tokens = 0
+        seq.num_computed_tokens = 0
         self.num_hashed_blocks.pop(seq.seq_id, None)
 
     def can_append(self, seq: Sequence) -> bool:

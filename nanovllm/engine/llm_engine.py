@@ -1,5 +1,6 @@
 """The generate loop: validate and tokenize requests, schedule, run, check stop conditions, detokenize."""
 import logging
+import os
 import time
 
 from tqdm.auto import tqdm
@@ -22,14 +23,23 @@ def build_config(model: str, kwargs: dict) -> Config:
     return Config(model, **kwargs)
 
 
+def load_tokenizer(model_dir: str):
+    """The checkpoint's tokenizer, or None for a bare config (dummy weights): prompts are then token ids."""
+    names = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+    if not any(os.path.exists(os.path.join(model_dir, n)) for n in names):
+        logger.warning("%s has no tokenizer: prompts must be token ids and outputs carry no text", model_dir)
+        return None
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
 class LLMEngine:
     """Owns the tokenizer, the scheduler and the model runner."""
 
     def __init__(self, model: str, **kwargs):
         self.config = config = build_config(model, kwargs)
-        self.tokenizer = AutoTokenizer.from_pretrained(config.model)
+        self.tokenizer = load_tokenizer(config.model)
         eos = set(config.eos_token_ids)
-        if self.tokenizer.eos_token_id is not None:
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)
         self.eos_token_ids = frozenset(eos)
         Sequence.block_size = config.kvcache_block_size
@@ -39,6 +49,8 @@ class LLMEngine:
     # ---- requests -------------------------------------------------------------------------------
     def tokenize(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("this model directory has no tokenizer; give prompts as token-id lists")
             return self.tokenizer.encode(prompt)
         return list(prompt)
 
@@ -94,13 +106,15 @@ class LLMEngine:
         return bool(hits)
 
     def detokenize(self, token_ids: list[int]) -> str:
+        if self.tokenizer is None:
+            return ""
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 
     def output(self, seq: Sequence) -> dict:
         text = getattr(seq, "text", None)
         return {"text": self.detokenize(seq.completion_token_ids) if text is None else text,
                 "token_ids": seq.completion_token_ids, "prompt_token_ids": seq.prompt_token_ids,
-                "finish_reason": seq.finish_reason}
+                "finish_reason": seq.finish_reason, "num_cached_tokens": seq.num_cached_tokens}
 
     # ---- the loop -------------------------------------------------------------------------------
     def generate(self, prompts: list[str] | list[list[int]],

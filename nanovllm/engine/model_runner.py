@@ -162,16 +162,23 @@ class ModelRunner:
             all_greedy=all(p.greedy for p in params))
 
     @torch.inference_mode()
-    def run(self, batch: ScheduledBatch) -> list[int | None]:
-        """The sampled token for every scheduled sequence whose step reached its last token, else None."""
+    def forward_logits(self, batch: ScheduledBatch) -> tuple[torch.Tensor, list[int]]:
+        """Logits [len(sample_rows), vocab] at the last token of every sequence whose step reaches its
+        end, and those sequences' rows in the batch."""
         input_ids, positions, meta, sample_rows = self.prepare(batch)
         with use_metadata(meta):
             hidden_states = self.model(input_ids, positions)
-        last_token = torch.tensor([meta.cu_seqlens_q_cpu[i + 1] - 1 for i in sample_rows], device=self.device)
-        logits = self.model.compute_logits(hidden_states[last_token])
-        sampled_seqs = [batch.seqs[i] for i in sample_rows]
-        token_ids = self.sampler(logits, self.sampling_tensors(sampled_seqs)).tolist() if sample_rows else []
+        last_token = torch.tensor([meta.cu_seqlens_q_cpu[i + 1] - 1 for i in sample_rows], dtype=torch.long,
+                                  device=self.device)
+        return self.model.compute_logits(hidden_states[last_token]), sample_rows
+
+    def run(self, batch: ScheduledBatch) -> list[int | None]:
+        """The sampled token for every scheduled sequence whose step reached its last token, else None."""
+        logits, sample_rows = self.forward_logits(batch)
         result: list[int | None] = [None] * len(batch.seqs)
-        for row, token_id in zip(sample_rows, token_ids):
-            result[row] = token_id
+        if sample_rows:
+            seqs = [batch.seqs[i] for i in sample_rows]
+            token_ids = self.sampler(logits, self.sampling_tensors(seqs)).tolist()
+            for row, token_id in zip(sample_rows, token_ids):
+                result[row] = token_id
         return result

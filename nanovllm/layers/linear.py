@@ -60,9 +60,14 @@ class LinearBase(nn.Module):
             raise ValueError(f"checkpoint tensor {name} has shape {tuple(src.shape)}, expected {tuple(dst.shape)}")
         dst.copy_(src)
 
-    def shard_of(self, param: nn.Parameter, loaded: torch.Tensor, dim_attr: str, rank: int,
-                 size: int) -> torch.Tensor:
-        """The slice of a full checkpoint tensor that `rank` holds: `size` features along `dim_attr`."""
+    def shard_of(self, param: nn.Parameter, loaded: torch.Tensor, dim_attr: str, rank: int, size: int,
+                 num_shards: int, name: str) -> torch.Tensor:
+        """`rank`'s slice of a full checkpoint tensor made of `num_shards` slices of `size` features."""
+        dim = getattr(param, dim_attr, None)
+        n = getattr(param, "divisors", {}).get(dim_attr, 1)
+        if dim is not None and loaded.shape[dim] != size // n * num_shards:
+            raise ValueError(f"checkpoint tensor {name} has shape {tuple(loaded.shape)}: dim {dim} should be "
+                             f"{size // n * num_shards}")
         return self._slice(param, loaded, dim_attr, rank * size, size)
 
 
@@ -81,7 +86,7 @@ class ColumnParallelLinear(LinearBase):
         super().__init__(input_size, output_size // get_tp_size(), bias, quant_method)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, name: str = "") -> None:
-        shard = self.shard_of(param, loaded, "output_dim", self.tp_rank, self.output_size)
+        shard = self.shard_of(param, loaded, "output_dim", self.tp_rank, self.output_size, self.tp_size, name)
         self._copy(param.data, shard, name)
 
 
@@ -98,7 +103,7 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         offset = sum(self.output_sizes[:shard_id]) // tp
         size = self.output_sizes[shard_id] // tp
         dst = self._slice(param, param.data, "output_dim", offset, size)
-        self._copy(dst, self.shard_of(param, loaded, "output_dim", self.tp_rank, size), name)
+        self._copy(dst, self.shard_of(param, loaded, "output_dim", self.tp_rank, size, tp, name), name)
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -118,9 +123,11 @@ class QKVParallelLinear(ColumnParallelLinear):
                       shard_id: str = "q") -> None:
         q_size, kv_size = self.num_heads * self.head_size, self.num_kv_heads * self.head_size
         offset, size = {"q": (0, q_size), "k": (q_size, kv_size), "v": (q_size + kv_size, kv_size)}[shard_id]
-        rank = self.tp_rank if shard_id == "q" else self.tp_rank // self.kv_replicas
+        rank, num_shards = self.tp_rank, self.tp_size
+        if shard_id != "q":
+            rank, num_shards = rank // self.kv_replicas, num_shards // self.kv_replicas
         dst = self._slice(param, param.data, "output_dim", offset, size)
-        self._copy(dst, self.shard_of(param, loaded, "output_dim", rank, size), name)
+        self._copy(dst, self.shard_of(param, loaded, "output_dim", rank, size, num_shards, name), name)
 
 
 class RowParallelLinear(LinearBase):
@@ -131,7 +138,7 @@ class RowParallelLinear(LinearBase):
         super().__init__(input_size // get_tp_size(), output_size, bias, quant_method)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, name: str = "") -> None:
-        shard = self.shard_of(param, loaded, "input_dim", self.tp_rank, self.input_size)
+        shard = self.shard_of(param, loaded, "input_dim", self.tp_rank, self.input_size, self.tp_size, name)
         self._copy(param.data, shard, name)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
