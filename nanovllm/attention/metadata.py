@@ -21,6 +21,7 @@ class AttentionMetadata:
     max_seqlen_k: int
     context_lens_cpu: list[int]   # host copies, so reference code needs no device sync
     cu_seqlens_q_cpu: list[int]
+    num_decode_splits: int = 1    # split-KV factor of the decode kernel (fixed per CUDA graph)
 
 
 _current: AttentionMetadata | None = None

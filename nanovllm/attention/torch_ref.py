@@ -9,6 +9,11 @@ import torch
 from nanovllm.attention.metadata import AttentionMetadata
 
 
+def dot_precision(dtype: torch.dtype) -> str:
+    """Triton kernels keep float32 models in true float32 (no TF32), so they agree with this reference."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
 def store_kv_ref(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  slot_mapping: torch.Tensor) -> None:
     """Write k, v [num_tokens, num_kv_heads, head_dim] into the cache at slot_mapping (-1: skip)."""
@@ -58,6 +63,10 @@ def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
 class TorchBackend:
     """Reference backend: scatter into the cache, gather per sequence, attend in float32."""
     name = "torch"
+    supports_cuda_graphs = False      # it reads host-side lengths
+
+    def plan_decode(self, num_seqs: int, num_kv_heads: int, max_context_len: int) -> int:
+        return 1
 
     def kv_cache_shape(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int):
         return (num_blocks, block_size, num_kv_heads, head_dim)

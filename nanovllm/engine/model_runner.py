@@ -7,6 +7,7 @@ import torch
 from nanovllm.attention.backend import get_attention_backend
 from nanovllm.attention.metadata import AttentionMetadata, use_metadata
 from nanovllm.config import Config
+from nanovllm.engine.cuda_graph import DecodeGraphs
 from nanovllm.engine.scheduler import ScheduledBatch
 from nanovllm.engine.sequence import Sequence
 from nanovllm.layers.attention import Attention
@@ -35,6 +36,11 @@ class ModelRunner:
         self.vocab_size = hf.vocab_size
         self.num_kvcache_blocks = self._decide_num_blocks()
         self._allocate_kv_cache(self.num_kvcache_blocks)
+        self.graphs = None
+        if self.device.type == "cuda" and not config.enforce_eager and self.backend.supports_cuda_graphs:
+            layer = self.attention_layers[0]
+            self.graphs = DecodeGraphs(self.model, self.backend, config, hf.hidden_size, layer.num_kv_heads)
+        self._sampling_key, self._sampling_tensors = None, None
         logger.info("KV cache: %d blocks of %d tokens = %d tokens", self.num_kvcache_blocks,
                     self.block_size, self.num_kvcache_blocks * self.block_size)
 
@@ -134,6 +140,8 @@ class ModelRunner:
             if end == len(seq):
                 sample_rows.append(i)
         to = dict(device=self.device)
+        num_splits = 1 if batch.is_prefill else self.backend.plan_decode(
+            len(batch.seqs), self.attention_layers[0].num_kv_heads, max(context_lens))
         meta = AttentionMetadata(
             is_prefill=batch.is_prefill,
             slot_mapping=torch.from_numpy(np.concatenate(slots)).to(**to),
@@ -141,12 +149,19 @@ class ModelRunner:
             block_tables=torch.from_numpy(block_tables).to(**to),
             cu_seqlens_q=torch.tensor(cu_q, dtype=torch.int32, **to),
             max_seqlen_q=max(batch.num_new_tokens), max_seqlen_k=max(context_lens),
-            context_lens_cpu=context_lens, cu_seqlens_q_cpu=cu_q)
+            context_lens_cpu=context_lens, cu_seqlens_q_cpu=cu_q, num_decode_splits=num_splits)
         ids = torch.from_numpy(np.concatenate(input_ids)).to(**to)
         pos = torch.from_numpy(np.concatenate(positions)).to(**to)
         return ids, pos, meta, sample_rows
 
     def sampling_tensors(self, seqs: list[Sequence]) -> SamplingTensors:
+        """Built once per batch composition: consecutive decode steps of the same sequences reuse it."""
+        key = tuple(seq.seq_id for seq in seqs)
+        if key != self._sampling_key:
+            self._sampling_key, self._sampling_tensors = key, self._build_sampling_tensors(seqs)
+        return self._sampling_tensors
+
+    def _build_sampling_tensors(self, seqs: list[Sequence]) -> SamplingTensors:
         params = [seq.sampling_params for seq in seqs]
         for seq in seqs:
             if seq.sampling_params.seed is not None and seq.generator is None:
@@ -165,6 +180,8 @@ class ModelRunner:
     def forward_logits(self, batch: ScheduledBatch) -> tuple[torch.Tensor, list[int]]:
         """Logits [len(sample_rows), vocab] at the last token of every sequence whose step reaches its
         end, and those sequences' rows in the batch."""
+        if not batch.is_prefill and self.graphs is not None and self.graphs.can_run(len(batch.seqs)):
+            return self.model.compute_logits(self.graphs.run(batch.seqs)), list(range(len(batch.seqs)))
         input_ids, positions, meta, sample_rows = self.prepare(batch)
         with use_metadata(meta):
             hidden_states = self.model(input_ids, positions)

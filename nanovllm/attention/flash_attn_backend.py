@@ -1,0 +1,41 @@
+"""flash-attn backend (optional extra `pip install nanovllm[flash-attn]`): used when the package imports.
+
+Prefill: flash_attn_varlen_func with block_table (reads prefix-cache hits and earlier chunks from the
+paged cache); decode: flash_attn_with_kvcache. flash-attn's paged kernels need block_size % 256 == 0.
+"""
+import torch
+
+from nanovllm.attention.metadata import AttentionMetadata
+from nanovllm.attention.triton_store import store_kv
+
+try:
+    from flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache
+except ImportError as e:  # the backend registry turns this into advice
+    raise ImportError("attention_backend='flash_attn' needs the flash-attn package: "
+                      "pip install 'nanovllm[flash-attn]'") from e
+
+
+class FlashAttnBackend:
+    name = "flash_attn"
+    supports_cuda_graphs = True
+
+    def plan_decode(self, num_seqs: int, num_kv_heads: int, max_context_len: int) -> int:
+        return 1      # flash-attn splits internally
+
+    def kv_cache_shape(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int):
+        if block_size % 256:
+            raise ValueError(f"attention_backend='flash_attn' needs kvcache_block_size % 256 == 0, got {block_size}")
+        return (num_blocks, block_size, num_kv_heads, head_dim)
+
+    def store_kv(self, k, v, k_cache, v_cache, meta: AttentionMetadata) -> None:
+        store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+
+    def forward(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        if meta.is_prefill:
+            cu_k = torch.nn.functional.pad(meta.context_lens.cumsum(0, dtype=torch.int32), (1, 0))
+            return flash_attn_varlen_func(q, k_cache, v_cache, cu_seqlens_q=meta.cu_seqlens_q, cu_seqlens_k=cu_k,
+                                          max_seqlen_q=meta.max_seqlen_q, max_seqlen_k=meta.max_seqlen_k,
+                                          softmax_scale=scale, causal=True, block_table=meta.block_tables)
+        out = flash_attn_with_kvcache(q.unsqueeze(1), k_cache, v_cache, cache_seqlens=meta.context_lens,
+                                      block_table=meta.block_tables, softmax_scale=scale, causal=True)
+        return out.squeeze(1)

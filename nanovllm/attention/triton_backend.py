@@ -1,0 +1,34 @@
+"""Triton backend: the store, prefill and decode kernels behind the backend interface."""
+import torch
+
+from nanovllm.attention.metadata import AttentionMetadata
+from nanovllm.attention.triton_decode import decode_attention, num_decode_splits
+from nanovllm.attention.triton_prefill import prefill_attention
+from nanovllm.attention.triton_store import store_kv
+
+
+class TritonBackend:
+    """Paged attention in Triton; any block size that is a multiple of 16, head_dim a power of 2."""
+    name = "triton"
+    supports_cuda_graphs = True
+
+    def plan_decode(self, num_seqs: int, num_kv_heads: int, max_context_len: int) -> int:
+        """Split-KV factor: enough programs to fill every SM when the batch alone does not."""
+        num_sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+        return num_decode_splits(num_seqs, num_kv_heads, max_context_len, num_sms)
+
+    def kv_cache_shape(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int):
+        if head_dim & (head_dim - 1):
+            raise ValueError(f"attention_backend='triton' needs head_dim to be a power of 2, got {head_dim}; "
+                             f"use attention_backend='torch'")
+        return (num_blocks, block_size, num_kv_heads, head_dim)
+
+    def store_kv(self, k, v, k_cache, v_cache, meta: AttentionMetadata) -> None:
+        store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+
+    def forward(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        if meta.is_prefill:
+            return prefill_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens,
+                                     meta.cu_seqlens_q, meta.max_seqlen_q, scale)
+        return decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale,
+                                meta.num_decode_splits)

@@ -1,0 +1,113 @@
+"""Decode kernel: one new query token per sequence, split-KV (flash-decoding), GQA-batched.
+
+Decode is bound by reading the KV cache, so each byte is read once: one program serves all GROUP query
+heads that share a KV head (padded to BLOCK_G rows for tl.dot) over one slice of the context.
+Grid: (sequences, KV heads, NUM_SPLITS). With one split the program normalizes and writes the output;
+with several, each writes its unnormalized accumulator and its softmax statistics (max m, sum l) and a
+second kernel combines them:
+    out = sum_i exp2(m_i - M) acc_i / sum_i exp2(m_i - M) l_i,   M = max_i m_i.
+Context lengths are read on the device, so the launch is the same for every step and fits a CUDA graph.
+Reference: `paged_attention_ref` with one query per sequence.
+"""
+import torch
+import triton
+import triton.language as tl
+
+from nanovllm.attention.torch_ref import dot_precision, paged_attention_ref
+
+__all__ = ["decode_attention", "paged_attention_ref"]
+
+
+@triton.jit
+def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
+                   block_tables_ptr, context_lens_ptr, qk_scale,
+                   stride_qt, stride_qh, stride_ot, stride_oh, stride_bt, stride_cb, stride_cs, stride_ch,
+                   GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                   HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    seq, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    context_len = tl.load(context_lens_ptr + seq)
+    split_len = tl.cdiv(tl.cdiv(context_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = split * split_len
+    end = tl.minimum(start + split_len, context_len)
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, HEAD_DIM)
+    heads = kv_head * GROUP + offs_g
+    head_ok = offs_g < GROUP
+    q = tl.load(q_ptr + seq * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=head_ok[:, None], other=0.0)
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
+    for start_n in range(start, end, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        key_ok = offs_n < end
+        block = tl.load(block_tables_ptr + seq * stride_bt + offs_n // BLOCK_SIZE, mask=key_ok, other=0)
+        kv_off = block.to(tl.int64) * stride_cb + (offs_n % BLOCK_SIZE) * stride_cs + kv_head * stride_ch
+        k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=key_ok[:, None], other=0.0)
+        v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=key_ok[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(k).to(q.dtype), input_precision=DOT_PRECISION) * qk_scale                      # [BLOCK_G, BLOCK_N]
+        s = tl.where(key_ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
+        m_i = m_new
+    if NUM_SPLITS == 1:
+        out = acc / l_i[:, None]
+        tl.store(out_ptr + seq * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=head_ok[:, None])
+    else:
+        row = (seq * (tl.num_programs(1) * GROUP) + heads) * NUM_SPLITS + split     # [BLOCK_G]
+        tl.store(part_acc_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=head_ok[:, None])
+        tl.store(part_ml_ptr + row * 2, m_i, mask=head_ok)
+        tl.store(part_ml_ptr + row * 2 + 1, l_i, mask=head_ok)
+
+
+@triton.jit
+def _combine_kernel(part_acc_ptr, part_ml_ptr, out_ptr, stride_ot, stride_oh,
+                    HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr):
+    seq, head = tl.program_id(0), tl.program_id(1)
+    rows = (seq * tl.num_programs(1) + head) * NUM_SPLITS + tl.arange(0, NUM_SPLITS)
+    m = tl.load(part_ml_ptr + rows * 2)
+    l = tl.load(part_ml_ptr + rows * 2 + 1)
+    m_max = tl.max(m, 0)
+    w = tl.where(m > float("-inf"), tl.exp2(m - m_max), 0.0)                     # empty splits weigh 0
+    acc = tl.load(part_acc_ptr + rows[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :])
+    out = tl.sum(acc * w[:, None], 0) / tl.sum(l * w, 0)
+    tl.store(out_ptr + seq * stride_ot + head * stride_oh + tl.arange(0, HEAD_DIM),
+             out.to(out_ptr.dtype.element_ty))
+
+
+def num_decode_splits(num_seqs: int, num_kv_heads: int, max_context_len: int, num_sms: int = 132) -> int:
+    """Enough programs to fill the GPU about twice, never slices shorter than 256 keys; a power of 2."""
+    want = triton.cdiv(2 * num_sms, num_seqs * num_kv_heads)
+    want = min(want, max(1, max_context_len // 256), 32)
+    return triton.next_power_of_2(want) if want > 1 else 1
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                     context_lens: torch.Tensor, scale: float, num_splits: int = 1) -> torch.Tensor:
+    """q [num_seqs, num_heads, head_dim] (one token each) -> out of the same shape."""
+    num_seqs, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    assert head_dim == triton.next_power_of_2(head_dim) and head_dim >= 16, "head_dim must be a power of 2"
+    assert num_heads % num_kv_heads == 0 and q.stride(-1) == 1 and k_cache.stride(-1) == 1
+    assert k_cache.stride() == v_cache.stride() and block_tables.dtype == torch.int32
+    assert num_splits == triton.next_power_of_2(num_splits)
+    group = num_heads // num_kv_heads
+    out = torch.empty_like(q)
+    part_acc = part_ml = out   # unused with one split
+    if num_splits > 1:
+        part_acc = torch.empty(num_seqs * num_heads * num_splits, head_dim, dtype=torch.float32, device=q.device)
+        part_ml = torch.empty(num_seqs * num_heads * num_splits, 2, dtype=torch.float32, device=q.device)
+    _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
+        q, k_cache, v_cache, out, part_acc, part_ml, block_tables, context_lens, scale * 1.4426950408889634,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=block_size, HEAD_DIM=head_dim,
+        BLOCK_N=64, NUM_SPLITS=num_splits, DOT_PRECISION=dot_precision(q.dtype), num_warps=4, num_stages=3)
+    if num_splits > 1:
+        _combine_kernel[(num_seqs, num_heads)](part_acc, part_ml, out, out.stride(0), out.stride(1),
+                                               HEAD_DIM=head_dim, NUM_SPLITS=num_splits)
+    return out

@@ -1,0 +1,83 @@
+"""Prefill kernel: causal attention of variable-length query chunks over K/V read through block tables.
+
+Sequence i has queries q[cu_seqlens_q[i]:cu_seqlens_q[i+1]] (n_q of them), the last n_q positions of a
+context of context_lens[i] tokens already in the cache (prefix-cache hits and earlier chunks included).
+Query row r sits at position context_len - n_q + r and sees keys 0..that position.
+
+Grid: (query tiles of BLOCK_M, sequences, query heads). Each program streams its keys in tiles of BLOCK_N,
+looking up each key's block in the block table (so any block size works), with the online softmax of
+FlashAttention: running max m, running sum l, rescaled accumulator. Scores use exp2 with the scale
+folded into log2(e). Reference: `paged_attention_ref`.
+"""
+import torch
+import triton
+import triton.language as tl
+
+from nanovllm.attention.torch_ref import dot_precision, paged_attention_ref
+
+__all__ = ["prefill_attention", "paged_attention_ref"]
+
+
+@triton.jit
+def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_tables_ptr, context_lens_ptr, cu_q_ptr,
+                    qk_scale, stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
+                    stride_cb, stride_cs, stride_ch,
+                    GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    tile, seq, head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    q_start = tl.load(cu_q_ptr + seq)
+    q_len = tl.load(cu_q_ptr + seq + 1) - q_start
+    if tile * BLOCK_M < q_len:
+        context_len = tl.load(context_lens_ptr + seq)
+        kv_head = head // GROUP
+        offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_d = tl.arange(0, HEAD_DIM)
+        row_ok = offs_m < q_len
+        q_rows = (q_start + offs_m).to(tl.int64)
+        q = tl.load(q_ptr + q_rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
+                    mask=row_ok[:, None], other=0.0)
+        q_pos = context_len - q_len + offs_m
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+        end = tl.minimum(context_len, context_len - q_len + (tile + 1) * BLOCK_M)
+        for start_n in range(0, end, BLOCK_N):
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            key_ok = offs_n < context_len
+            block = tl.load(block_tables_ptr + seq * stride_bt + offs_n // BLOCK_SIZE, mask=key_ok, other=0)
+            kv_off = block.to(tl.int64) * stride_cb + (offs_n % BLOCK_SIZE) * stride_cs + kv_head * stride_ch
+            k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=key_ok[:, None], other=0.0)
+            v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=key_ok[:, None], other=0.0)
+            s = tl.dot(q, tl.trans(k).to(q.dtype), input_precision=DOT_PRECISION) * qk_scale                # [BLOCK_M, BLOCK_N], log2 units
+            visible = (offs_n[None, :] <= q_pos[:, None]) & key_ok[None, :]
+            s = tl.where(visible, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            p = tl.exp2(s - m_new[:, None])
+            alpha = tl.exp2(m_i - m_new)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
+            m_i = m_new
+        out = acc / l_i[:, None]
+        tl.store(out_ptr + q_rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+
+
+def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                      context_lens: torch.Tensor, cu_seqlens_q: torch.Tensor, max_seqlen_q: int,
+                      scale: float) -> torch.Tensor:
+    """q [num_tokens, num_heads, head_dim] -> out of the same shape."""
+    num_tokens, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    assert head_dim == triton.next_power_of_2(head_dim) and head_dim >= 16, "head_dim must be a power of 2"
+    assert num_heads % num_kv_heads == 0 and q.stride(-1) == 1 and k_cache.stride(-1) == 1
+    assert k_cache.stride() == v_cache.stride() and block_tables.dtype == torch.int32
+    out = torch.empty_like(q)
+    block_m = 64 if max_seqlen_q > 32 else 16
+    block_n = 64 if head_dim <= 64 else 32
+    grid = (triton.cdiv(max_seqlen_q, block_m), context_lens.shape[0], num_heads)
+    _prefill_kernel[grid](q, k_cache, v_cache, out, block_tables, context_lens, cu_seqlens_q,
+                          scale * 1.4426950408889634, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+                          block_tables.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+                          GROUP=num_heads // num_kv_heads, BLOCK_SIZE=block_size, HEAD_DIM=head_dim,
+                          BLOCK_M=block_m, BLOCK_N=block_n, DOT_PRECISION=dot_precision(q.dtype), num_warps=4, num_stages=2)
+    return out

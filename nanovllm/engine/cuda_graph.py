@@ -1,0 +1,89 @@
+"""CUDA graphs for the decode step: one graph per padded batch size, replayed over persistent buffers.
+
+A decode step is ~30 small kernels per layer; launching them one by one from Python costs more than they
+run. A graph records the launches once and replays them with one call. Everything a graph reads must sit
+at a fixed address, so the step's inputs are written into pinned host buffers and copied into fixed
+device buffers (two copies per step, no new tensors). Batch sizes 1, 2, 4, 8, then every 16 up to
+max_num_seqs (always included) are captured; a batch runs on the next larger graph, its padding rows
+having slot -1 (nothing written) and context length 0 (nothing read). Block-table rows are rewritten in
+full each step, so no stale entry survives from an earlier batch.
+"""
+import numpy as np
+import torch
+
+from nanovllm.attention.metadata import AttentionMetadata, use_metadata
+from nanovllm.engine.sequence import Sequence
+
+
+def graph_batch_sizes(max_num_seqs: int) -> list[int]:
+    sizes = {s for s in (1, 2, 4, 8) if s <= max_num_seqs} | set(range(16, max_num_seqs + 1, 16))
+    return sorted(sizes | {max_num_seqs})
+
+
+class DecodeGraphs:
+    """Captured decode graphs and the buffers they read and write."""
+
+    def __init__(self, model: torch.nn.Module, backend, config, hidden_size: int, num_kv_heads: int):
+        self.model, self.block_size = model, config.kvcache_block_size
+        n = config.max_num_seqs
+        max_blocks = (config.max_model_len + self.block_size - 1) // self.block_size
+        self.sizes = graph_batch_sizes(n)
+        # staging: [input_ids | positions | slot_mapping] int64, [context_lens | block_tables] int32
+        self.host64 = torch.zeros(3 * n, dtype=torch.int64, pin_memory=True)
+        self.host32 = torch.zeros(n * (1 + max_blocks), dtype=torch.int32, pin_memory=True)
+        self.dev64, self.dev32 = self.host64.cuda(), self.host32.cuda()
+        self.np64, self.np32 = self.host64.numpy(), self.host32.numpy()
+        self.np_tables = self.np32[n:].reshape(n, max_blocks)
+        self.input_ids, self.positions, self.slots = self.dev64.view(3, n)
+        self.context_lens = self.dev32[:n]
+        self.block_tables = self.dev32[n:].view(n, max_blocks)
+        self.cu_seqlens_q = torch.arange(n + 1, dtype=torch.int32, device="cuda")
+        self.outputs = torch.zeros(n, hidden_size, dtype=config.dtype, device="cuda")
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.splits = {bs: backend.plan_decode(bs, num_kv_heads, config.max_model_len) for bs in self.sizes}
+        self._capture_all()
+
+    def _meta(self, bs: int) -> AttentionMetadata:
+        return AttentionMetadata(is_prefill=False, slot_mapping=self.slots[:bs], context_lens=self.context_lens[:bs],
+                                 block_tables=self.block_tables[:bs], cu_seqlens_q=self.cu_seqlens_q[:bs + 1],
+                                 max_seqlen_q=1, max_seqlen_k=0, context_lens_cpu=[], cu_seqlens_q_cpu=[],
+                                 num_decode_splits=self.splits[bs])
+
+    @torch.inference_mode()
+    def _capture_all(self) -> None:
+        self.slots.fill_(-1)                       # capture-time runs must not write the cache
+        pool = None
+        for bs in reversed(self.sizes):            # largest first: the others reuse its memory pool
+            graph = torch.cuda.CUDAGraph()
+            with use_metadata(self._meta(bs)):
+                self.outputs[:bs] = self.model(self.input_ids[:bs], self.positions[:bs])   # warm-up
+                with torch.cuda.graph(graph, pool):
+                    self.outputs[:bs] = self.model(self.input_ids[:bs], self.positions[:bs])
+            pool = graph.pool()
+            self.graphs[bs] = graph
+            torch.cuda.synchronize()
+
+    def can_run(self, num_seqs: int) -> bool:
+        return num_seqs <= self.sizes[-1]
+
+    def run(self, seqs: list[Sequence]) -> torch.Tensor:
+        """Hidden states [len(seqs), hidden] of each sequence's last token (its decode step)."""
+        bs = len(seqs)
+        graph_bs = next(s for s in self.sizes if s >= bs)
+        n, block_size = len(self.np_tables), self.block_size
+        ids, pos, slots = self.np64[:n], self.np64[n:2 * n], self.np64[2 * n:]
+        ctx = self.np32[:n]
+        self.np_tables[:graph_bs] = -1
+        for i, seq in enumerate(seqs):
+            p = len(seq) - 1
+            ids[i], pos[i], ctx[i] = seq.token_ids[-1], p, p + 1
+            slots[i] = seq.block_table[p // block_size] * block_size + p % block_size
+            self.np_tables[i, :len(seq.block_table)] = seq.block_table
+        ids[bs:graph_bs] = pos[bs:graph_bs] = 0
+        slots[bs:graph_bs] = -1
+        ctx[bs:graph_bs] = 0
+        self.dev64.copy_(self.host64, non_blocking=True)
+        width = n + graph_bs * self.np_tables.shape[1]
+        self.dev32[:width].copy_(self.host32[:width], non_blocking=True)
+        self.graphs[graph_bs].replay()
+        return self.outputs[:bs]

@@ -1,0 +1,79 @@
+"""How long the GPU sits idle between decode steps: `python -m nanovllm.tools.decode_profile [options]`.
+
+Fills a batch of running sequences, then records `--steps` decode steps with the PyTorch profiler. GPU
+busy time is the union of kernel and copy intervals; idle fraction = 1 - busy / wall window. Prints one
+JSON line (and writes it with --out).
+"""
+import argparse
+import json
+import random
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from nanovllm import LLM, SamplingParams
+from nanovllm.configs import shipped_config_dir
+
+
+def busy_intervals(prof) -> list[tuple[float, float]]:
+    spans = []
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start:
+            spans.append((e.time_range.start, e.time_range.end))
+    return sorted(spans)
+
+
+def union_length(spans: list[tuple[float, float]]) -> float:
+    total, cur_start, cur_end = 0.0, None, None
+    for start, end in spans:
+        if cur_end is None or start > cur_end:
+            if cur_end is not None:
+                total += cur_end - cur_start
+            cur_start, cur_end = start, end
+        else:
+            cur_end = max(cur_end, end)
+    return total + (cur_end - cur_start if cur_end is not None else 0.0)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model", default=shipped_config_dir("Qwen3-0.6B"))
+    parser.add_argument("--num-seqs", type=int, default=256)
+    parser.add_argument("--prompt-len", type=int, default=512)
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument("--kv-cache-dtype", default="auto")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    llm = LLM(args.model, load_format="dummy", max_num_seqs=args.num_seqs, enforce_eager=args.enforce_eager,
+              kv_cache_dtype=args.kv_cache_dtype)
+    random.seed(0)
+    for _ in range(args.num_seqs):
+        llm.add_request([random.randint(0, 10000) for _ in range(args.prompt_len)],
+                        SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=args.steps * 3))
+    while llm.scheduler.waiting:
+        llm.step()
+    for _ in range(5):
+        llm.step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            llm.step()
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - start
+    spans = busy_intervals(prof)
+    window = spans[-1][1] - spans[0][0]
+    busy = union_length(spans)
+    record = {"num_seqs": args.num_seqs, "steps": args.steps, "wall_ms_per_step": 1e3 * wall / args.steps,
+              "gpu_busy_ms_per_step": busy / 1e3 / args.steps, "idle_fraction": round(1 - busy / window, 4),
+              "enforce_eager": args.enforce_eager, "gpu": torch.cuda.get_device_name()}
+    print(json.dumps(record))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(record, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""GPU path (Triton kernels, CUDA graphs) against the CPU reference path and transformers."""
+import random
+
+import pytest
+import torch
+
+from nanovllm import LLM, SamplingParams
+from nanovllm.demo import DEMO_MODEL_DIR
+from tiny_models import hf_greedy, make_tiny_model
+
+pytestmark = pytest.mark.cuda
+
+
+def greedy_ids(llm, prompts, max_tokens=32):
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=max_tokens), use_tqdm=False)
+    return [o["token_ids"] for o in outs]
+
+
+def test_demo_model_gpu_equals_cpu():
+    prompts = ["Beautiful is better than", "Errors should never", "Special cases aren't"]
+    cpu = greedy_ids(LLM(DEMO_MODEL_DIR, device="cpu", max_model_len=1024), prompts, 60)
+    for eager in (True, False):
+        gpu = LLM(DEMO_MODEL_DIR, device="cuda", max_model_len=1024, enforce_eager=eager,
+                  gpu_memory_utilization=0.3)
+        assert gpu.model_runner.backend.name == "triton"
+        assert (gpu.model_runner.graphs is None) == eager
+        assert greedy_ids(gpu, prompts, 60) == cpu
+
+
+@pytest.mark.parametrize("cfg", [dict(num_heads=4, num_kv_heads=2, head_dim=64),
+                                 dict(num_heads=8, num_kv_heads=2, head_dim=128, tie=True),
+                                 dict(num_heads=4, num_kv_heads=4, head_dim=64)])
+def test_tiny_models_gpu_equal_cpu_and_hf(tmp_path, cfg):
+    hf = make_tiny_model(str(tmp_path), **cfg)
+    rng = random.Random(0)
+    prompts = [[rng.randrange(256) for _ in range(n)] for n in (1, 9, 16, 40, 75, 130)]
+    kw = dict(kvcache_block_size=16, max_model_len=512)
+    cpu = greedy_ids(LLM(str(tmp_path), device="cpu", num_kvcache_blocks=128, **kw), prompts)
+    assert cpu == [hf_greedy(hf, p, 32) for p in prompts]
+    variants = [dict(num_kvcache_blocks=128),                                   # graphs, prefix cache
+                dict(num_kvcache_blocks=128, enforce_eager=True),
+                dict(num_kvcache_blocks=128, max_num_batched_tokens=32),        # chunked prefill
+                dict(num_kvcache_blocks=14, max_num_seqs=6)]                    # preemption
+    for v in variants:
+        llm = LLM(str(tmp_path), device="cuda", **kw, **v)
+        assert greedy_ids(llm, prompts) == cpu, v
+        assert greedy_ids(llm, prompts) == cpu, v                               # second run: cache hits
+
+
+def test_every_batch_size_runs_on_a_graph(tmp_path):
+    make_tiny_model(str(tmp_path), num_heads=4, num_kv_heads=2, head_dim=64)
+    llm = LLM(str(tmp_path), device="cuda", kvcache_block_size=16, max_model_len=256, max_num_seqs=37,
+              num_kvcache_blocks=512)
+    graphs = llm.model_runner.graphs
+    assert graphs.sizes[-1] == 37 and all(graphs.can_run(n) for n in range(1, 38))
+    eager = LLM(str(tmp_path), device="cuda", kvcache_block_size=16, max_model_len=256, max_num_seqs=37,
+                num_kvcache_blocks=512, enforce_eager=True)
+    rng = random.Random(1)
+    prompts = [[rng.randrange(256) for _ in range(rng.randrange(1, 60))] for _ in range(37)]
+    params = [SamplingParams(temperature=0, max_tokens=rng.randrange(1, 30)) for _ in prompts]
+    a = llm.generate(prompts, params, use_tqdm=False)
+    b = eager.generate(prompts, params, use_tqdm=False)
+    assert [o["token_ids"] for o in a] == [o["token_ids"] for o in b]
+
+
+def test_dummy_qwen3_runs_on_gpu():
+    from nanovllm.configs import shipped_config_dir
+    llm = LLM(shipped_config_dir("Qwen3-0.6B"), load_format="dummy", max_model_len=2048, max_num_seqs=16,
+              gpu_memory_utilization=0.5)
+    assert llm.config.dtype == torch.bfloat16
+    outs = llm.generate([[1, 2, 3] * 50] * 3, SamplingParams(temperature=0, max_tokens=20), use_tqdm=False)
+    assert outs[0]["token_ids"] == outs[1]["token_ids"] == outs[2]["token_ids"]
