@@ -25,6 +25,7 @@ def test_demo_model_gpu_equals_cpu():
         assert gpu.model_runner.backend.name == "triton"
         assert (gpu.model_runner.graphs is None) == eager
         assert greedy_ids(gpu, prompts, 60) == cpu
+        del gpu
 
 
 @pytest.mark.parametrize("cfg", [dict(num_heads=4, num_kv_heads=2, head_dim=64),

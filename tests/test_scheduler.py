@@ -1,10 +1,9 @@
 """Scheduler: prefill before decode, chunked prefill, max_num_seqs, preemption by recompute."""
 from types import SimpleNamespace
 
-import pytest
-
 from nanovllm.engine.scheduler import Scheduler
-from nanovllm.engine.sequence import Sequence, SequenceStatus
+from nanovllm.engine.sequence import PLACEHOLDER, Sequence, SequenceStatus
+from nanovllm.sampling_params import SamplingParams
 
 BS = 16
 
@@ -124,8 +123,19 @@ def test_finish_frees_blocks():
     assert a.finish_reason == "stop"
 
 
-def test_nothing_fits_is_an_error():
+def test_nothing_fits_gives_an_empty_batch():
     sched = make(num_blocks=1)
     sched.add(Sequence(list(range(40))))
-    with pytest.raises(RuntimeError, match="KV cache"):
-        sched.schedule()
+    assert sched.schedule().seqs == []
+
+
+def test_sequence_whose_in_flight_token_is_its_last_is_not_scheduled():
+    sched = make()
+    a = Sequence(list(range(10)), SamplingParams(max_tokens=2))
+    b = Sequence(list(range(20, 30)), SamplingParams(max_tokens=5))
+    sched.add(a), sched.add(b)
+    step(sched)                                       # 1 token each
+    batch = sched.schedule()
+    sched.postprocess(batch, [PLACEHOLDER, PLACEHOLDER])   # a's 2nd token is in flight: its last
+    assert a.will_finish and not b.will_finish
+    assert sched.schedule().seqs == [b] and list(sched.running) == [b, a]

@@ -3,7 +3,9 @@
 A decode step is ~30 small kernels per layer; launching them one by one from Python costs more than they
 run. A graph records the launches once and replays them with one call. Everything a graph reads must sit
 at a fixed address, so the step's inputs are written into pinned host buffers and copied into fixed
-device buffers (two copies per step, no new tensors). Batch sizes 1, 2, 4, 8, then every 16 up to
+device buffers (two copies per step, no new tensors). The host buffers come in pairs used in turn: with
+overlapped steps, the copy of step N-1 may not have run yet when step N's inputs are written. An input
+token still on the GPU (a placeholder on the host) is gathered from the previous step's sampled ids. Batch sizes 1, 2, 4, 8, then every 16 up to
 max_num_seqs (always included) are captured; a batch runs on the next larger graph, its padding rows
 having slot -1 (nothing written) and context length 0 (nothing read). Block-table rows are rewritten in
 full each step, so no stale entry survives from an earlier batch.
@@ -12,7 +14,7 @@ import numpy as np
 import torch
 
 from nanovllm.attention.metadata import AttentionMetadata, use_metadata
-from nanovllm.engine.sequence import Sequence
+from nanovllm.engine.sequence import PLACEHOLDER, Sequence
 
 
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:
@@ -28,13 +30,13 @@ class DecodeGraphs:
         n = config.max_num_seqs
         max_blocks = (config.max_model_len + self.block_size - 1) // self.block_size
         self.sizes = graph_batch_sizes(n)
-        # staging: [input_ids | positions | slot_mapping] int64, [context_lens | block_tables] int32
-        self.host64 = torch.zeros(3 * n, dtype=torch.int64, pin_memory=True)
-        self.host32 = torch.zeros(n * (1 + max_blocks), dtype=torch.int32, pin_memory=True)
-        self.dev64, self.dev32 = self.host64.cuda(), self.host32.cuda()
-        self.np64, self.np32 = self.host64.numpy(), self.host32.numpy()
-        self.np_tables = self.np32[n:].reshape(n, max_blocks)
-        self.input_ids, self.positions, self.slots = self.dev64.view(3, n)
+        # staging: [input_ids | positions | slot_mapping | source row] int64, [context_lens | block_tables] int32
+        self.hosts = [(torch.zeros(4 * n, dtype=torch.int64, pin_memory=True),
+                       torch.zeros(n * (1 + max_blocks), dtype=torch.int32, pin_memory=True)) for _ in range(2)]
+        self.turn = 0
+        self.max_blocks = max_blocks
+        self.dev64, self.dev32 = self.hosts[0][0].cuda(), self.hosts[0][1].cuda()
+        self.input_ids, self.positions, self.slots, self.src_rows = self.dev64.view(4, n)
         self.context_lens = self.dev32[:n]
         self.block_tables = self.dev32[n:].view(n, max_blocks)
         self.cu_seqlens_q = torch.arange(n + 1, dtype=torch.int32, device="cuda")
@@ -66,24 +68,36 @@ class DecodeGraphs:
     def can_run(self, num_seqs: int) -> bool:
         return num_seqs <= self.sizes[-1]
 
-    def run(self, seqs: list[Sequence]) -> torch.Tensor:
-        """Hidden states [len(seqs), hidden] of each sequence's last token (its decode step)."""
+    def run(self, seqs: list[Sequence], prev=None) -> torch.Tensor:
+        """Hidden states [len(seqs), hidden] of each sequence's last token (its decode step). `prev` is the
+        in-flight step holding the sampled ids of sequences whose last token is a placeholder."""
         bs = len(seqs)
         graph_bs = next(s for s in self.sizes if s >= bs)
-        n, block_size = len(self.np_tables), self.block_size
-        ids, pos, slots = self.np64[:n], self.np64[n:2 * n], self.np64[2 * n:]
-        ctx = self.np32[:n]
-        self.np_tables[:graph_bs] = -1
+        n, block_size = len(self.input_ids), self.block_size
+        host64, host32 = self.hosts[self.turn]
+        self.turn ^= 1
+        ids, pos, slots, src = host64.numpy().reshape(4, n)
+        ctx = host32.numpy()[:n]
+        tables = host32.numpy()[n:].reshape(n, self.max_blocks)
+        tables[:graph_bs] = -1
+        gather = False
         for i, seq in enumerate(seqs):
             p = len(seq) - 1
-            ids[i], pos[i], ctx[i] = seq.token_ids[-1], p, p + 1
+            token = seq.token_ids[-1]
+            ids[i], pos[i], ctx[i] = token, p, p + 1
+            src[i] = prev.rows[seq.seq_id] if token == PLACEHOLDER else -1
+            gather |= token == PLACEHOLDER
             slots[i] = seq.block_table[p // block_size] * block_size + p % block_size
-            self.np_tables[i, :len(seq.block_table)] = seq.block_table
+            tables[i, :len(seq.block_table)] = seq.block_table
         ids[bs:graph_bs] = pos[bs:graph_bs] = 0
         slots[bs:graph_bs] = -1
         ctx[bs:graph_bs] = 0
-        self.dev64.copy_(self.host64, non_blocking=True)
-        width = n + graph_bs * self.np_tables.shape[1]
-        self.dev32[:width].copy_(self.host32[:width], non_blocking=True)
+        self.dev64.copy_(host64, non_blocking=True)
+        width = n + graph_bs * self.max_blocks
+        self.dev32[:width].copy_(host32[:width], non_blocking=True)
+        if gather:
+            src_rows = self.src_rows[:bs]
+            self.input_ids[:bs] = torch.where(src_rows >= 0, prev.token_ids[src_rows.clamp(min=0)],
+                                              self.input_ids[:bs])
         self.graphs[graph_bs].replay()
         return self.outputs[:bs]

@@ -9,7 +9,7 @@ from transformers import AutoTokenizer
 from nanovllm.config import Config
 from nanovllm.engine.model_runner import ModelRunner
 from nanovllm.engine.scheduler import Scheduler
-from nanovllm.engine.sequence import Sequence
+from nanovllm.engine.sequence import PLACEHOLDER, Sequence
 from nanovllm.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -45,6 +45,7 @@ class LLMEngine:
         Sequence.block_size = config.kvcache_block_size
         self.model_runner = ModelRunner(config)
         self.scheduler = Scheduler(config, self.model_runner.num_kvcache_blocks)
+        self.pending = None   # the decode step in flight, whose tokens the host has not read
 
     # ---- requests -------------------------------------------------------------------------------
     def tokenize(self, prompt: str | list[int]) -> list[int]:
@@ -75,16 +76,49 @@ class LLMEngine:
 
     # ---- steps ----------------------------------------------------------------------------------
     def step(self) -> tuple[list[Sequence], int, bool]:
-        """One scheduled batch: returns (finished sequences, tokens computed, was it prefill)."""
+        """One scheduled batch: returns (finished sequences, tokens computed, was it prefill).
+
+        Decode steps that run on CUDA graphs overlap with the host: step N is launched before step N-1's
+        tokens are read, so the host's bookkeeping for N-1 runs while the GPU computes N. Step N's
+        sequences carry a PLACEHOLDER last token until then; its value reaches the GPU directly."""
+        finished = self._drain() if self.scheduler.waiting else []   # a prefill needs every token known
         batch = self.scheduler.schedule()
-        token_ids = self.model_runner.run(batch)
-        finished = []
-        for seq in self.scheduler.postprocess(batch, token_ids):
-            reason = self.stop_reason(seq)
-            if reason:
-                self.scheduler.finish(seq, reason)
-                finished.append(seq)
+        if not batch.seqs:
+            if self.pending is None:
+                raise RuntimeError("no sequence fits in the KV cache; raise num_kvcache_blocks or lower "
+                                   "max_model_len")
+            return finished + self._drain(), 0, False
+        if self.model_runner.can_launch_async(batch):
+            launched = self.model_runner.launch(batch, self.pending)
+            finished += self._drain()
+            self.scheduler.postprocess(batch, [PLACEHOLDER] * len(batch.seqs))
+            self.pending = launched
+        else:
+            finished += self._drain()
+            sampled = self.scheduler.postprocess(batch, self.model_runner.run(batch))
+            finished += [seq for seq in sampled if self._check_stop(seq)]
         return finished, batch.num_tokens, batch.is_prefill
+
+    def _drain(self) -> list[Sequence]:
+        """Read the in-flight step's tokens into their placeholders and apply the stop checks."""
+        if self.pending is None:
+            return []
+        pending, self.pending = self.pending, None
+        finished = []
+        for seq, token_id in zip(pending.batch.seqs, pending.collect()):
+            if seq.is_finished:
+                continue
+            assert seq.token_ids[-1] == PLACEHOLDER
+            seq.token_ids[-1] = token_id
+            if self._check_stop(seq):
+                finished.append(seq)
+        return finished
+
+    def _check_stop(self, seq: Sequence) -> bool:
+        reason = self.stop_reason(seq)
+        if reason:
+            self.scheduler.finish(seq, reason)
+        return bool(reason)
 
     def stop_reason(self, seq: Sequence) -> str | None:
         params, last = seq.sampling_params, seq.token_ids[-1]
@@ -157,4 +191,5 @@ class LLMEngine:
             for seq in finished:
                 outputs[index[seq.seq_id]] = self.output(seq)
                 bar.update(1)
+        self._drain()   # a last step may still be in flight for sequences that had finished
         bar.close()

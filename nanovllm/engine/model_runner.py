@@ -1,5 +1,6 @@
 """Runs the model for one scheduled batch: device setup, KV cache allocation, step inputs, sampling."""
 import logging
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -13,9 +14,24 @@ from nanovllm.engine.sequence import Sequence
 from nanovllm.layers.attention import Attention
 from nanovllm.layers.sampler import Sampler, SamplingTensors
 from nanovllm.models import get_model_class
+from nanovllm.utils.compile import set_compile_enabled
 from nanovllm.utils.loader import load_dummy, load_model
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class PendingStep:
+    """A decode step launched on the GPU whose sampled ids the host has not read yet."""
+    batch: ScheduledBatch
+    token_ids: torch.Tensor          # [num_seqs] on the GPU: the next step reads its inputs from here
+    rows: dict[int, int]             # seq_id -> row in token_ids
+    host: torch.Tensor               # pinned copy of token_ids, valid once `done` has fired
+    done: torch.cuda.Event
+
+    def collect(self) -> list[int]:
+        self.done.synchronize()
+        return self.host.tolist()
 
 
 class ModelRunner:
@@ -27,12 +43,15 @@ class ModelRunner:
         self.block_size = config.kvcache_block_size
         hf = config.hf_config
         torch.manual_seed(config.seed)
+        set_compile_enabled(self.device.type == "cuda" and not config.enforce_eager)
+        self._baseline_bytes = torch.cuda.memory_allocated() if self.device.type == "cuda" else 0
         self.model = self._build_model()
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         self.backend = get_attention_backend(config.attention_backend, config.device)
         for layer in self.attention_layers:
             layer.backend = self.backend
         self.sampler = Sampler()
+        self._sampling_key, self._sampling_tensors = None, None
         self.vocab_size = hf.vocab_size
         self.num_kvcache_blocks = self._decide_num_blocks()
         self._allocate_kv_cache(self.num_kvcache_blocks)
@@ -40,7 +59,11 @@ class ModelRunner:
         if self.device.type == "cuda" and not config.enforce_eager and self.backend.supports_cuda_graphs:
             layer = self.attention_layers[0]
             self.graphs = DecodeGraphs(self.model, self.backend, config, hf.hidden_size, layer.num_kv_heads)
-        self._sampling_key, self._sampling_tensors = None, None
+            # two of each, alternating: step N's are written while step N-1's may still be in use
+            self._token_hosts = [torch.zeros(config.max_num_seqs, dtype=torch.int64, pin_memory=True)
+                                 for _ in range(2)]
+            self._events = [torch.cuda.Event(), torch.cuda.Event()]
+            self._flip = 0
         logger.info("KV cache: %d blocks of %d tokens = %d tokens", self.num_kvcache_blocks,
                     self.block_size, self.num_kvcache_blocks * self.block_size)
 
@@ -97,12 +120,14 @@ class ModelRunner:
             seq.block_table = list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq))
         self.run(ScheduledBatch(seqs, [seq_len] * num_seqs, is_prefill=True))
         torch.cuda.synchronize()
+        # gpu_memory_utilization is this engine's share of the card: its weights and peak activations
+        # (what this process allocated since the engine started), the CUDA context, then the KV cache.
         cache_bytes = warmup_blocks * self.block_bytes()
         free, total = torch.cuda.mem_get_info()
         stats = torch.cuda.memory_stats()
-        peak_without_cache = stats["allocated_bytes.all.peak"] - cache_bytes
+        engine_peak = stats["allocated_bytes.all.peak"] - cache_bytes - self._baseline_bytes
         non_torch = total - free - stats["reserved_bytes.all.current"]
-        budget = total * config.gpu_memory_utilization - non_torch - peak_without_cache
+        budget = total * config.gpu_memory_utilization - non_torch - engine_peak
         self._free_kv_cache()
         return max(0, int(budget) // self.block_bytes())
 
@@ -180,7 +205,7 @@ class ModelRunner:
     def forward_logits(self, batch: ScheduledBatch) -> tuple[torch.Tensor, list[int]]:
         """Logits [len(sample_rows), vocab] at the last token of every sequence whose step reaches its
         end, and those sequences' rows in the batch."""
-        if not batch.is_prefill and self.graphs is not None and self.graphs.can_run(len(batch.seqs)):
+        if self.can_launch_async(batch):
             return self.model.compute_logits(self.graphs.run(batch.seqs)), list(range(len(batch.seqs)))
         input_ids, positions, meta, sample_rows = self.prepare(batch)
         with use_metadata(meta):
@@ -199,3 +224,21 @@ class ModelRunner:
             for row, token_id in zip(sample_rows, token_ids):
                 result[row] = token_id
         return result
+
+    def can_launch_async(self, batch: ScheduledBatch) -> bool:
+        """Decode steps on CUDA graphs can be launched without waiting for the previous step's tokens."""
+        return not batch.is_prefill and self.graphs is not None and self.graphs.can_run(len(batch.seqs))
+
+    @torch.inference_mode()
+    def launch(self, batch: ScheduledBatch, prev: PendingStep | None) -> PendingStep:
+        """Enqueue a decode step (inputs, graph, logits, sampling, copy of the ids to the host); no wait.
+        Sequences whose last token is a placeholder take it from `prev` on the GPU."""
+        hidden_states = self.graphs.run(batch.seqs, prev)
+        token_ids = self.sampler(self.model.compute_logits(hidden_states), self.sampling_tensors(batch.seqs))
+        host = self._token_hosts[self._flip][:len(batch.seqs)]
+        host.copy_(token_ids, non_blocking=True)
+        done = self._events[self._flip]
+        done.record()
+        self._flip ^= 1
+        rows = {seq.seq_id: i for i, seq in enumerate(batch.seqs)}
+        return PendingStep(batch, token_ids, rows, host, done)

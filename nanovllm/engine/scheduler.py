@@ -45,14 +45,11 @@ class Scheduler:
         self.waiting.append(seq)
 
     def schedule(self) -> ScheduledBatch:
+        """The next batch; empty only when every running sequence is already known to finish."""
         batch = self._schedule_prefill()
         if batch.seqs:
             return batch
-        batch = self._schedule_decode()
-        if not batch.seqs:
-            raise RuntimeError("the scheduler could not fit any sequence in the KV cache; "
-                               "raise num_kvcache_blocks or lower max_model_len")
-        return batch
+        return self._schedule_decode()
 
     def _schedule_prefill(self) -> ScheduledBatch:
         seqs, counts = [], []
@@ -75,9 +72,12 @@ class Scheduler:
         return ScheduledBatch(seqs, counts, is_prefill=True)
 
     def _schedule_decode(self) -> ScheduledBatch:
-        seqs = []
+        seqs, done = [], []
         while self.running and len(seqs) < self.max_num_seqs:
             seq = self.running.popleft()
+            if seq.will_finish:
+                done.append(seq)      # waits for its in-flight token; nothing more to compute
+                continue
             while not self.block_manager.can_append(seq):
                 if self.running:
                     self.preempt(self.running.pop())   # the newest request gives way
@@ -87,7 +87,7 @@ class Scheduler:
             else:
                 self.block_manager.may_append(seq)
                 seqs.append(seq)
-        self.running.extendleft(reversed(seqs))
+        self.running.extendleft(reversed(seqs + done))
         return ScheduledBatch(seqs, [1] * len(seqs), is_prefill=False)
 
     def preempt(self, seq: Sequence) -> None:
@@ -105,6 +105,8 @@ class Scheduler:
         received a token (token_ids[i] is None for a prefill chunk that does not reach the end)."""
         sampled = []
         for seq, num_new, token_id in zip(batch.seqs, batch.num_new_tokens, token_ids):
+            if seq.is_finished:
+                continue      # finished while this step was in flight
             seq.num_computed_tokens += num_new
             self.block_manager.commit(seq)
             if token_id is None:
@@ -117,4 +119,4 @@ class Scheduler:
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
         self.block_manager.deallocate(seq)
-        self.running.remove(seq)
+        (self.running if seq in self.running else self.waiting).remove(seq)

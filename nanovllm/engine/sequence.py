@@ -6,6 +6,9 @@ from itertools import count
 from nanovllm.sampling_params import SamplingParams
 
 
+PLACEHOLDER = -1   # a token sampled on the GPU whose value the host has not read yet (overlapped decode)
+
+
 class SequenceStatus(Enum):
     WAITING = auto()
     RUNNING = auto()
@@ -38,6 +41,11 @@ class Sequence:
     @property
     def is_finished(self) -> bool:
         return self.status == SequenceStatus.FINISHED
+
+    @property
+    def will_finish(self) -> bool:
+        """Its last token, still in flight, is its last by max_tokens: no further step needed."""
+        return self.num_completion_tokens >= self.sampling_params.max_tokens
 
     @property
     def num_completion_tokens(self) -> int:

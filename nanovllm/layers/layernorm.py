@@ -2,6 +2,8 @@
 import torch
 from torch import nn
 
+from nanovllm.utils.compile import compile_on_cuda
+
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """y = w * x / sqrt(mean(x^2) + eps), statistics in float32 (as Hugging Face computes it)."""
@@ -9,6 +11,18 @@ def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Ten
     x = x.float()
     x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
     return weight * x.to(dtype)
+
+
+@compile_on_cuda
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return rms_norm_ref(x, weight, eps)
+
+
+@compile_on_cuda
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    x = x + residual
+    return rms_norm_ref(x, weight, eps), x
 
 
 class RMSNorm(nn.Module):
@@ -21,6 +35,5 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         if residual is None:
-            return rms_norm_ref(x, self.weight, self.eps)
-        x = x + residual
-        return rms_norm_ref(x, self.weight, self.eps), x
+            return rms_norm(x, self.weight, self.eps)
+        return add_rms_norm(x, residual, self.weight, self.eps)

@@ -7,6 +7,8 @@ cos/sin are precomputed for every position up to max_position_embeddings.
 import torch
 from torch import nn
 
+from nanovllm.utils.compile import compile_on_cuda
+
 
 def rope_parameters(hf_config) -> dict:
     """{'rope_type': ..., 'rope_theta': ..., ...} from either transformers 5 or 4 config fields."""
@@ -34,6 +36,13 @@ def apply_rotary_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> t
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
 
 
+@compile_on_cuda
+def apply_rotary(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                 cos_sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    cos, sin = cos_sin_cache[positions].unsqueeze(1).chunk(2, dim=-1)
+    return apply_rotary_ref(q, cos, sin), apply_rotary_ref(k, cos, sin)
+
+
 class RotaryEmbedding(nn.Module):
     """Applies RoPE to q and k at the given positions."""
 
@@ -46,5 +55,4 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos_sin_cache", cache, persistent=False)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        cos, sin = self.cos_sin_cache[positions].unsqueeze(1).chunk(2, dim=-1)
-        return apply_rotary_ref(q, cos, sin), apply_rotary_ref(k, cos, sin)
+        return apply_rotary(positions, q, k, self.cos_sin_cache)

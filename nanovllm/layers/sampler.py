@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
+from nanovllm.utils.compile import compile_on_cuda
+
 
 @dataclass
 class SamplingTensors:
@@ -45,18 +47,29 @@ def exponential_noise(shape: tuple[int, int], generators: list, device) -> torch
     return noise
 
 
+@compile_on_cuda
+def gumbel_argmax(logits: torch.Tensor, temperatures: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """argmax(softmax(logits / T) / E) = argmax(logits / T - log E): no softmax pass needed."""
+    scaled = logits.float() / temperatures.clamp(min=1e-5)[:, None]
+    sampled = (scaled - noise.clamp(min=1e-10).log()).argmax(dim=-1)
+    return torch.where(temperatures == 0, logits.argmax(dim=-1), sampled)
+
+
 class Sampler:
     """logits [num_seqs, vocab] -> token ids [num_seqs]."""
 
     def __call__(self, logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
+        if params.all_greedy:
+            return logits.argmax(dim=-1)
+        if not params.needs_filter:
+            noise = exponential_noise(tuple(logits.shape), params.generators, logits.device)
+            return gumbel_argmax(logits, params.temperatures, noise)
         logits = logits.float()
         greedy = logits.argmax(dim=-1)
-        if params.all_greedy:
-            return greedy
         temps = params.temperatures.clamp(min=1e-5)[:, None]
         probs = torch.softmax(logits / temps, dim=-1)
         if params.needs_filter:
             probs = filter_probs(probs, params.top_ks, params.top_ps, params.min_ps)
         noise = exponential_noise(tuple(probs.shape), params.generators, probs.device)
-        sampled = (probs / noise).argmax(dim=-1)
+        sampled = (probs / noise.clamp(min=1e-10)).argmax(dim=-1)
         return torch.where(params.temperatures == 0, greedy, sampled)

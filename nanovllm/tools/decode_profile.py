@@ -24,6 +24,16 @@ def busy_intervals(prof) -> list[tuple[float, float]]:
     return sorted(spans)
 
 
+def top_kernels(prof, steps: int, n: int = 12) -> dict[str, float]:
+    """Device milliseconds per step of the n most expensive kernels."""
+    totals: dict[str, float] = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            totals[e.name[:80]] = totals.get(e.name[:80], 0.0) + (e.time_range.end - e.time_range.start)
+    ranked = sorted(totals.items(), key=lambda kv: -kv[1])[:n]
+    return {name: round(us / 1e3 / steps, 4) for name, us in ranked}
+
+
 def union_length(spans: list[tuple[float, float]]) -> float:
     total, cur_start, cur_end = 0.0, None, None
     for start, end in spans:
@@ -68,7 +78,8 @@ def main():
     busy = union_length(spans)
     record = {"num_seqs": args.num_seqs, "steps": args.steps, "wall_ms_per_step": 1e3 * wall / args.steps,
               "gpu_busy_ms_per_step": busy / 1e3 / args.steps, "idle_fraction": round(1 - busy / window, 4),
-              "enforce_eager": args.enforce_eager, "gpu": torch.cuda.get_device_name()}
+              "enforce_eager": args.enforce_eager, "gpu": torch.cuda.get_device_name(),
+              "top_kernels_ms_per_step": top_kernels(prof, args.steps)}
     print(json.dumps(record))
     if args.out:
         with open(args.out, "w") as f:

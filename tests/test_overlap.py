@@ -1,0 +1,86 @@
+"""Overlapped decode (step N launched before step N-1's tokens are read) gives the same outputs as
+synchronous steps. A deterministic fake model runner stands in for the GPU, so this runs on CPU."""
+import random
+from dataclasses import dataclass
+
+import pytest
+
+from nanovllm import LLM, SamplingParams
+from nanovllm.engine.sequence import PLACEHOLDER
+from tiny_models import make_tiny_model
+
+EOS = 256
+
+
+def next_token(tokens: list[int]) -> int:
+    """A made-up model: depends on the last tokens and the length; EOS now and then."""
+    h = (tokens[-1] * 31 + tokens[-2 if len(tokens) > 1 else -1] * 7 + len(tokens) * 13) % 997
+    return EOS if h % 23 == 0 else h % 250
+
+
+@dataclass
+class FakePending:
+    batch: object
+    tokens: list[int]
+    rows: dict
+
+    def collect(self) -> list[int]:
+        return self.tokens
+
+
+class FakeRunner:
+    """run(): synchronous; launch(): resolves placeholders from the previous step like the GPU does."""
+
+    def __init__(self, overlap: bool):
+        self.overlap, self.num_launches = overlap, 0
+
+    def can_launch_async(self, batch) -> bool:
+        return self.overlap and not batch.is_prefill
+
+    def run(self, batch):
+        return [next_token(seq.token_ids[:seq.num_computed_tokens + n]) if seq.num_computed_tokens + n == len(seq)
+                else None for seq, n in zip(batch.seqs, batch.num_new_tokens)]
+
+    def launch(self, batch, prev):
+        self.num_launches += 1
+        tokens = []
+        for seq in batch.seqs:
+            ids = list(seq.token_ids)
+            if ids[-1] == PLACEHOLDER:
+                ids[-1] = prev.tokens[prev.rows[seq.seq_id]]
+            assert PLACEHOLDER not in ids
+            tokens.append(next_token(ids))
+        return FakePending(batch, tokens, {s.seq_id: i for i, s in enumerate(batch.seqs)})
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("overlap"))
+    make_tiny_model(path)
+    return path
+
+
+def run(model_dir, overlap, prompts, params, **kw):
+    llm = LLM(model_dir, kvcache_block_size=16, max_model_len=256, **kw)
+    llm.model_runner = FakeRunner(overlap)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert not llm.scheduler.running and not llm.scheduler.waiting
+    return outs, llm
+
+
+@pytest.mark.parametrize("kw", [dict(num_kvcache_blocks=64), dict(num_kvcache_blocks=16, max_num_seqs=5),
+                                dict(num_kvcache_blocks=64, max_num_batched_tokens=16)])
+def test_overlapped_decode_matches_synchronous(model_dir, kw):
+    rng = random.Random(0)
+    prompts = [[rng.randrange(250) for _ in range(rng.randrange(1, 60))] for _ in range(12)]
+    params = [SamplingParams(temperature=0, max_tokens=rng.randrange(1, 50), ignore_eos=i % 3 == 0,
+                             stop_token_ids=[7] if i % 4 == 1 else []) for i in range(12)]
+    sync, _ = run(model_dir, False, prompts, params, **kw)
+    over, llm = run(model_dir, True, prompts, params, **kw)
+    assert llm.model_runner.num_launches > 0
+    if kw["num_kvcache_blocks"] == 16:
+        assert llm.scheduler.num_preemptions > 0
+    assert [o["token_ids"] for o in over] == [o["token_ids"] for o in sync]
+    assert [o["finish_reason"] for o in over] == [o["finish_reason"] for o in sync]
+    assert all(PLACEHOLDER not in o["token_ids"] for o in over)
+    assert {o["finish_reason"] for o in sync} >= {"stop", "length"}
