@@ -49,13 +49,15 @@ def run_nanovllm(args, model, load_format, prompts, max_tokens) -> dict:
     params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=n) for n in max_tokens]
     llm.generate(["Benchmark: "] if llm.tokenizer else [[1, 2, 3]], SamplingParams(max_tokens=8), use_tqdm=False)
     torch.cuda.synchronize() if torch.cuda.is_available() else None
+    llm.stats = dict.fromkeys(llm.stats, 0)
     start = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
     seconds = time.perf_counter() - start
     assert all(len(o["token_ids"]) == n for o, n in zip(outs, max_tokens)), "a sequence stopped early"
     return {"seconds": seconds, "output_tokens": sum(len(o["token_ids"]) for o in outs),
             "kv_cache_tokens": llm.model_runner.num_kvcache_blocks * llm.config.kvcache_block_size,
-            "preemptions": llm.scheduler.num_preemptions}
+            "preemptions": llm.scheduler.num_preemptions,
+            "step_stats": {k: round(v, 3) for k, v in llm.stats.items()}}
 
 
 def run_hf(args, model, load_format, prompts, max_tokens) -> dict:

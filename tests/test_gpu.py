@@ -41,9 +41,9 @@ def test_tiny_models_gpu_equal_cpu_and_hf(tmp_path, cfg):
     variants = [dict(num_kvcache_blocks=128),                                   # graphs, prefix cache
                 dict(num_kvcache_blocks=128, enforce_eager=True),
                 dict(num_kvcache_blocks=128, max_num_batched_tokens=32),        # chunked prefill
-                dict(num_kvcache_blocks=14, max_num_seqs=6)]                    # preemption
+                dict(num_kvcache_blocks=14, max_num_seqs=6, max_model_len=208)]  # preemption
     for v in variants:
-        llm = LLM(str(tmp_path), device="cuda", **kw, **v)
+        llm = LLM(str(tmp_path), device="cuda", **(kw | v))
         assert greedy_ids(llm, prompts) == cpu, v
         assert greedy_ids(llm, prompts) == cpu, v                               # second run: cache hits
 

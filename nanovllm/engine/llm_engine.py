@@ -46,6 +46,8 @@ class LLMEngine:
         self.model_runner = ModelRunner(config)
         self.scheduler = Scheduler(config, self.model_runner.num_kvcache_blocks)
         self.pending = None   # the decode step in flight, whose tokens the host has not read
+        self.stats = {"prefill_steps": 0, "prefill_tokens": 0, "prefill_s": 0.0, "decode_steps": 0,
+                      "decode_tokens": 0, "decode_s": 0.0}
 
     # ---- requests -------------------------------------------------------------------------------
     def tokenize(self, prompt: str | list[int]) -> list[int]:
@@ -182,7 +184,12 @@ class LLMEngine:
         while not self.scheduler.is_finished():
             t = time.perf_counter()
             finished, num_tokens, is_prefill = self.step()
-            rate = num_tokens / max(time.perf_counter() - t, 1e-9)
+            elapsed = time.perf_counter() - t
+            rate = num_tokens / max(elapsed, 1e-9)
+            kind = "prefill" if is_prefill else "decode"
+            self.stats[f"{kind}_steps"] += 1
+            self.stats[f"{kind}_tokens"] += num_tokens
+            self.stats[f"{kind}_s"] += elapsed
             if is_prefill:
                 prefill_tps = rate
             else:
