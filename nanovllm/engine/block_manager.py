@@ -116,6 +116,8 @@ class BlockManager:
             return
         done = self.num_hashed_blocks.get(seq.seq_id, 0)
         num_full = min(seq.num_computed_tokens // self.block_size, len(seq.block_table))
+        if num_full <= done:
+            return
         parent = self.blocks[seq.block_table[done - 1]].hash if done else -1
         for i in range(done, num_full):
             block = self.blocks[seq.block_table[i]]

@@ -46,6 +46,15 @@ def union_length(spans: list[tuple[float, float]]) -> float:
     return total + (cur_end - cur_start if cur_end is not None else 0.0)
 
 
+def requests(args) -> list[tuple[list[int], int]]:
+    random.seed(0)
+    if args.bench_workload:
+        from bench import workload   # the repository root's bench.py
+        return list(zip(*workload(args.num_seqs, 1024, 1024)))
+    return [([random.randint(0, 10000) for _ in range(args.prompt_len)], args.steps * 3)
+            for _ in range(args.num_seqs)]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", default=shipped_config_dir("Qwen3-0.6B"))
@@ -54,29 +63,32 @@ def main():
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--kv-cache-dtype", default="auto")
+    parser.add_argument("--bench-workload", action="store_true",
+                        help="bench.py's 256 requests; profile every decode step to the end")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     llm = LLM(args.model, load_format="dummy", max_num_seqs=args.num_seqs, enforce_eager=args.enforce_eager,
               kv_cache_dtype=args.kv_cache_dtype)
-    random.seed(0)
-    for _ in range(args.num_seqs):
-        llm.add_request([random.randint(0, 10000) for _ in range(args.prompt_len)],
-                        SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=args.steps * 3))
+    for prompt, max_tokens in requests(args):
+        llm.add_request(prompt, SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=max_tokens))
     while llm.scheduler.waiting:
         llm.step()
     for _ in range(5):
         llm.step()
     torch.cuda.synchronize()
+    steps = 0
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         start = time.perf_counter()
-        for _ in range(args.steps):
+        while not llm.scheduler.is_finished() and (args.bench_workload or steps < args.steps):
             llm.step()
+            steps += 1
         torch.cuda.synchronize()
         wall = time.perf_counter() - start
+    args.steps = steps
     spans = busy_intervals(prof)
     window = spans[-1][1] - spans[0][0]
     busy = union_length(spans)
-    record = {"num_seqs": args.num_seqs, "steps": args.steps, "wall_ms_per_step": 1e3 * wall / args.steps,
+    record = {"num_seqs": args.num_seqs, "steps": args.steps, "bench_workload": args.bench_workload, "wall_ms_per_step": 1e3 * wall / args.steps,
               "gpu_busy_ms_per_step": busy / 1e3 / args.steps, "idle_fraction": round(1 - busy / window, 4),
               "enforce_eager": args.enforce_eager, "gpu": torch.cuda.get_device_name(),
               "top_kernels_ms_per_step": top_kernels(prof, args.steps)}
