@@ -77,7 +77,7 @@ def main():
         llm.step()
     torch.cuda.synchronize()
     steps = 0
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
         start = time.perf_counter()
         while not llm.scheduler.is_finished() and (args.bench_workload or steps < args.steps):
             llm.step()
