@@ -71,3 +71,13 @@ def test_dummy_qwen3_runs_on_gpu():
     assert llm.config.dtype == torch.bfloat16
     outs = llm.generate([[1, 2, 3] * 50] * 3, SamplingParams(temperature=0, max_tokens=20), use_tqdm=False)
     assert outs[0]["token_ids"] == outs[1]["token_ids"] == outs[2]["token_ids"]
+
+
+def test_seeded_sampling_on_gpu_ignores_the_batch():
+    llm = LLM(DEMO_MODEL_DIR, device="cuda", max_model_len=1024, gpu_memory_utilization=0.3)
+    seeded = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=40, seed=3, ignore_eos=True)
+    alone = llm.generate(["Now is"], seeded, use_tqdm=False)[0]["token_ids"]
+    mixed = llm.generate(["Beautiful", "Now is", "Errors should"],
+                         [SamplingParams(temperature=0.8, max_tokens=30), seeded,
+                          SamplingParams(temperature=0, max_tokens=50)], use_tqdm=False)
+    assert mixed[1]["token_ids"] == alone

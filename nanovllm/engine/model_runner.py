@@ -52,6 +52,10 @@ class ModelRunner:
             layer.backend = self.backend
         self.sampler = Sampler()
         self._sampling_key, self._sampling_tensors = None, None
+        if self.device.type == "cuda":
+            self._sampling_hosts = [torch.zeros(4, config.max_num_seqs, pin_memory=True) for _ in range(2)]
+            self._sampling_device = torch.zeros(4, config.max_num_seqs, device=self.device)
+            self._sampling_turn = 0
         self.vocab_size = hf.vocab_size
         self.num_kvcache_blocks = self._decide_num_blocks()
         self._allocate_kv_cache(self.num_kvcache_blocks)
@@ -187,16 +191,25 @@ class ModelRunner:
         return self._sampling_tensors
 
     def _build_sampling_tensors(self, seqs: list[Sequence]) -> SamplingTensors:
+        """On CUDA the values go through pinned staging buffers (two, used in turn) with an asynchronous
+        copy: a copy from pageable memory would wait for the GPU and stall the overlapped pipeline."""
         params = [seq.sampling_params for seq in seqs]
         for seq in seqs:
             if seq.sampling_params.seed is not None and seq.generator is None:
                 seq.generator = torch.Generator(device=self.device).manual_seed(seq.sampling_params.seed)
-        to = dict(device=self.device)
+        n = len(seqs)
+        values = torch.tensor([[p.temperature for p in params],
+                               [p.top_k if p.top_k > 0 else self.vocab_size for p in params],
+                               [p.top_p for p in params], [p.min_p for p in params]], dtype=torch.float32)
+        if self.device.type == "cuda":
+            staging = self._sampling_hosts[self._sampling_turn][:, :n]
+            self._sampling_turn ^= 1
+            staging.copy_(values)
+            values = self._sampling_device[:, :n]
+            values.copy_(staging, non_blocking=True)
+        temperatures, top_ks, top_ps, min_ps = values
         return SamplingTensors(
-            temperatures=torch.tensor([p.temperature for p in params], dtype=torch.float32, **to),
-            top_ks=torch.tensor([p.top_k if p.top_k > 0 else self.vocab_size for p in params], **to),
-            top_ps=torch.tensor([p.top_p for p in params], dtype=torch.float32, **to),
-            min_ps=torch.tensor([p.min_p for p in params], dtype=torch.float32, **to),
+            temperatures=temperatures, top_ks=top_ks, top_ps=top_ps, min_ps=min_ps,
             generators=[seq.generator for seq in seqs],
             needs_filter=any(p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0 for p in params),
             all_greedy=all(p.greedy for p in params))

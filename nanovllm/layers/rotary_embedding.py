@@ -7,7 +7,6 @@ cos/sin are precomputed for every position up to max_position_embeddings.
 import torch
 from torch import nn
 
-from nanovllm.layers.layernorm import RMSNorm, rms_norm_ref
 from nanovllm.utils.compile import compile_on_cuda
 
 
@@ -44,15 +43,6 @@ def apply_rotary(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     return apply_rotary_ref(q, cos, sin), apply_rotary_ref(k, cos, sin)
 
 
-@compile_on_cuda
-def norm_and_rotate(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor,
-                    k_weight: torch.Tensor, eps: float, cos_sin_cache: torch.Tensor):
-    """Per-head RMSNorm of q and k, then RoPE: one fused kernel on CUDA instead of four."""
-    cos, sin = cos_sin_cache[positions].unsqueeze(1).chunk(2, dim=-1)
-    q, k = rms_norm_ref(q, q_weight, eps), rms_norm_ref(k, k_weight, eps)
-    return apply_rotary_ref(q, cos, sin), apply_rotary_ref(k, cos, sin)
-
-
 class RotaryEmbedding(nn.Module):
     """Applies RoPE to q and k at the given positions."""
 
@@ -66,9 +56,3 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         return apply_rotary(positions, q, k, self.cos_sin_cache)
-
-    def norm_and_rotate(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, q_norm: RMSNorm,
-                        k_norm: RMSNorm):
-        """rotate(q_norm(q)), rotate(k_norm(k)) for q, k [num_tokens, heads, head_dim]."""
-        assert q_norm.eps == k_norm.eps
-        return norm_and_rotate(positions, q, k, q_norm.weight, k_norm.weight, q_norm.eps, self.cos_sin_cache)

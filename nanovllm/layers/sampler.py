@@ -17,7 +17,7 @@ from nanovllm.utils.compile import compile_on_cuda
 class SamplingTensors:
     """Per-row sampling settings on the logits' device."""
     temperatures: torch.Tensor   # [num_seqs] float32, 0 = greedy
-    top_ks: torch.Tensor         # [num_seqs] int64, vocab size = off
+    top_ks: torch.Tensor         # [num_seqs] float32 holding integers, vocab size = off
     top_ps: torch.Tensor         # [num_seqs] float32
     min_ps: torch.Tensor         # [num_seqs] float32
     generators: list             # torch.Generator or None per row

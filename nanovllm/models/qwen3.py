@@ -32,9 +32,9 @@ class Qwen3Attention(nn.Module):
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv_proj(hidden_states).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(-1, self.num_heads, self.head_dim)                    # [num_tokens, heads, head_dim]
-        k = k.view(-1, self.num_kv_heads, self.head_dim)
-        q, k = self.rotary_emb.norm_and_rotate(positions, q, k, self.q_norm, self.k_norm)
+        q = self.q_norm(q.view(-1, self.num_heads, self.head_dim))        # [num_tokens, heads, head_dim]
+        k = self.k_norm(k.view(-1, self.num_kv_heads, self.head_dim))
+        q, k = self.rotary_emb(positions, q, k)
         return self.o_proj(self.attn(q, k, v))
 
 
