@@ -1,0 +1,55 @@
+"""Render README's results table from benchmark_results/ JSON: `python -m nanovllm.tools.render_results`.
+
+Figures are never typed by hand: each row is one JSON file written by bench.py (machine, command and date
+inside). The table replaces whatever stands between the two marker comments in README.md.
+"""
+import glob
+import json
+import os
+
+START, END = "<!-- results:start -->", "<!-- results:end -->"
+KV_BYTES_BENCH = 13.85e12   # KV cache bytes the bench workload's decode reads (Qwen3-0.6B, bf16), see docs
+
+
+def bench_rows(root: str) -> list[str]:
+    rows = ["| engine | model | GPU | KV dtype | output tokens | seconds | tokens/s | date | file |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for path in sorted(glob.glob(os.path.join(root, "bench", "*.json"))):
+        with open(path) as f:
+            r = json.load(f)
+        model = r["model"] + (" (dummy)" if r.get("load_format") == "dummy" else "")
+        rows.append(f"| {r['engine']} | {model} | {r['gpu']} | {r['settings'].get('kv_cache_dtype', 'auto')} "
+                    f"| {r['output_tokens']} | {r['seconds']:.2f} | {r['tokens_per_s']:,.0f} | {r['date'][:10]} "
+                    f"| `{os.path.relpath(path, os.path.dirname(root))}` |")
+    return rows
+
+
+def profile_rows(root: str) -> list[str]:
+    rows = []
+    for path in sorted(glob.glob(os.path.join(root, "profile", "*.json"))):
+        with open(path) as f:
+            r = json.load(f)
+        decode_ms = r["top_kernels_ms_per_step"].get("_decode_kernel", 0.0)
+        line = (f"Decode profile (`{os.path.relpath(path, os.path.dirname(root))}`, {r['gpu']}, {r['steps']} steps): "
+                f"{r['wall_ms_per_step']:.2f} ms wall per step, {r['gpu_busy_ms_per_step']:.2f} ms GPU busy "
+                f"(idle {100 * r['idle_fraction']:.1f}%), decode attention {decode_ms:.2f} ms")
+        if r.get("bench_workload") and decode_ms:
+            line += f", i.e. {KV_BYTES_BENCH / (decode_ms * 1e-3 * r['steps']) / 1e12:.2f} TB/s of KV reads"
+        rows.append(line + ".")
+    return rows
+
+
+def render(readme: str = "README.md", root: str = "benchmark_results") -> None:
+    with open(readme) as f:
+        text = f.read()
+    if START not in text or END not in text:
+        raise ValueError(f"{readme} lacks the markers {START} and {END}")
+    head, rest = text.split(START, 1)
+    _, tail = rest.split(END, 1)
+    table = "\n".join(bench_rows(root) + [""] + profile_rows(root))
+    with open(readme, "w") as f:
+        f.write(f"{head}{START}\n{table}\n{END}{tail}")
+
+
+if __name__ == "__main__":
+    render()
