@@ -14,6 +14,8 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     stop: list[str] | str | None = None
     seed: int | None = None
+    logprobs: int | None = None          # per generated token: its logprob and the top-k alternatives
+    prompt_logprobs: int | None = None   # the same for every prompt token after the first
 
     def __post_init__(self):
         if not self.temperature >= 0.0:
@@ -36,6 +38,10 @@ class SamplingParams:
         self.stop_token_ids = list(self.stop_token_ids)
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
             raise ValueError(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(self, name)
+            if k is not None and (not isinstance(k, int) or not 0 <= k <= 20):
+                raise ValueError(f"{name} must be None or an integer in [0, 20], got {k!r}")
         if self.seed is not None and not isinstance(self.seed, int):
             raise ValueError(f"seed must be an integer or None, got {self.seed!r}")
 

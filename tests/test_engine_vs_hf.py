@@ -100,7 +100,7 @@ def test_chunk_attends_to_exactly_the_tokens_written(gqa_model):
     seq = Sequence(prompts([40])[0])
     llm.scheduler.add(seq)
     batch = llm.scheduler.schedule()
-    llm.scheduler.postprocess(batch, llm.model_runner.run(batch))
+    llm.scheduler.postprocess(batch, llm.model_runner.run(batch)[0])
     batch = llm.scheduler.schedule()                              # second chunk: tokens 16..31
     _, positions, meta, rows = llm.model_runner.prepare(batch)
     assert positions.tolist() == list(range(16, 32))
@@ -124,7 +124,7 @@ def test_decode_position_is_last_token(gqa_model):
     seq = Sequence(prompts([20])[0])
     llm.scheduler.add(seq)
     batch = llm.scheduler.schedule()
-    llm.scheduler.postprocess(batch, llm.model_runner.run(batch))
+    llm.scheduler.postprocess(batch, llm.model_runner.run(batch)[0])
     batch = llm.scheduler.schedule()
     assert not batch.is_prefill
     ids, positions, meta, _ = llm.model_runner.prepare(batch)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import pytest
 
 from nanovllm import LLM, SamplingParams
+from nanovllm.engine.logprobs import StepLogprobs
 from nanovllm.engine.sequence import PLACEHOLDER
 from tiny_models import make_tiny_model
 
@@ -24,8 +25,8 @@ class FakePending:
     tokens: list[int]
     rows: dict
 
-    def collect(self) -> list[int]:
-        return self.tokens
+    def collect(self):
+        return self.tokens, StepLogprobs()
 
 
 class FakeRunner:
@@ -39,7 +40,7 @@ class FakeRunner:
 
     def run(self, batch):
         return [next_token(seq.token_ids[:seq.num_computed_tokens + n]) if seq.num_computed_tokens + n == len(seq)
-                else None for seq, n in zip(batch.seqs, batch.num_new_tokens)]
+                else None for seq, n in zip(batch.seqs, batch.num_new_tokens)], StepLogprobs()
 
     def launch(self, batch, prev):
         self.num_launches += 1

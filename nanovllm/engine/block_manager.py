@@ -52,8 +52,8 @@ class BlockManager:
     def _lookup(self, seq: Sequence) -> list[int]:
         """Block ids of the longest cached prefix. The block holding the last token is never taken from
         the cache, so that token is always computed and yields logits."""
-        if not self.enable_prefix_caching:
-            return []
+        if not self.enable_prefix_caching or seq.sampling_params.prompt_logprobs is not None:
+            return []   # prompt logprobs need every prompt position computed
         hits, parent = [], -1
         for i in range((len(seq) - 1) // self.block_size):
             token_ids = seq.block(i)

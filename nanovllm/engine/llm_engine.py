@@ -97,7 +97,9 @@ class LLMEngine:
             self.pending = launched
         else:
             finished += self._drain()
-            sampled = self.scheduler.postprocess(batch, self.model_runner.run(batch))
+            token_ids, logprobs = self.model_runner.run(batch)
+            sampled = self.scheduler.postprocess(batch, token_ids)
+            self._attach_logprobs(batch.seqs, logprobs)
             finished += [seq for seq in sampled if self._check_stop(seq)]
         return finished, batch.num_tokens, batch.is_prefill
 
@@ -106,15 +108,22 @@ class LLMEngine:
         if self.pending is None:
             return []
         pending, self.pending = self.pending, None
-        finished = []
-        for seq, token_id in zip(pending.batch.seqs, pending.collect()):
-            if seq.is_finished:
-                continue
-            assert seq.token_ids[-1] == PLACEHOLDER
-            seq.token_ids[-1] = token_id
-            if self._check_stop(seq):
-                finished.append(seq)
-        return finished
+        token_ids, logprobs = pending.collect()
+        live = [not seq.is_finished for seq in pending.batch.seqs]
+        for seq, token_id, alive in zip(pending.batch.seqs, token_ids, live):
+            if alive:
+                assert seq.token_ids[-1] == PLACEHOLDER
+                seq.token_ids[-1] = token_id
+        logprobs.sampled = {row: d for row, d in logprobs.sampled.items() if live[row]}
+        self._attach_logprobs(pending.batch.seqs, logprobs)
+        return [seq for seq, alive in zip(pending.batch.seqs, live) if alive and self._check_stop(seq)]
+
+    @staticmethod
+    def _attach_logprobs(seqs: list[Sequence], logprobs) -> None:
+        for row, entry in logprobs.sampled.items():
+            seqs[row].logprobs.append(entry)
+        for row, (position, entries) in logprobs.prompt.items():
+            seqs[row].prompt_logprobs[position:position + len(entries)] = entries
 
     def _check_stop(self, seq: Sequence) -> bool:
         reason = self.stop_reason(seq)
@@ -147,10 +156,17 @@ class LLMEngine:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 
     def output(self, seq: Sequence) -> dict:
-        text = getattr(seq, "text", None)
-        return {"text": self.detokenize(seq.completion_token_ids) if text is None else text,
-                "token_ids": seq.completion_token_ids, "prompt_token_ids": seq.prompt_token_ids,
-                "finish_reason": seq.finish_reason, "num_cached_tokens": seq.num_cached_tokens}
+        text, params = getattr(seq, "text", None), seq.sampling_params
+        out = {"text": self.detokenize(seq.completion_token_ids) if text is None else text,
+               "token_ids": seq.completion_token_ids, "prompt_token_ids": seq.prompt_token_ids,
+               "finish_reason": seq.finish_reason, "num_cached_tokens": seq.num_cached_tokens,
+               "logprobs": None, "prompt_logprobs": None}
+        if params.logprobs is not None:
+            out["logprobs"] = seq.logprobs
+            out["cumulative_logprob"] = sum(d[t] for d, t in zip(seq.logprobs, seq.completion_token_ids))
+        if params.prompt_logprobs is not None:
+            out["prompt_logprobs"] = seq.prompt_logprobs
+        return out
 
     # ---- the loop -------------------------------------------------------------------------------
     def generate(self, prompts: list[str] | list[list[int]],

@@ -9,6 +9,7 @@ from nanovllm.attention.backend import get_attention_backend
 from nanovllm.attention.metadata import AttentionMetadata, use_metadata
 from nanovllm.config import Config
 from nanovllm.engine.cuda_graph import DecodeGraphs
+from nanovllm.engine.logprobs import StepLogprobs, prompt_logprobs, sampled_dicts, sampled_logprobs
 from nanovllm.engine.scheduler import ScheduledBatch
 from nanovllm.engine.sequence import Sequence
 from nanovllm.layers.attention import Attention
@@ -28,10 +29,12 @@ class PendingStep:
     rows: dict[int, int]             # seq_id -> row in token_ids
     host: torch.Tensor               # pinned copy of token_ids, valid once `done` has fired
     done: torch.cuda.Event
+    wanted_logprobs: object = None   # (rows, TokenLogprobs) for rows that asked for logprobs
 
-    def collect(self) -> list[int]:
+    def collect(self) -> tuple[list[int], StepLogprobs]:
         self.done.synchronize()
-        return self.host.tolist()
+        token_ids = self.host.tolist()
+        return token_ids, StepLogprobs(sampled_dicts(self.wanted_logprobs, self.batch.seqs, token_ids))
 
 
 class ModelRunner:
@@ -214,29 +217,49 @@ class ModelRunner:
             needs_filter=any(p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0 for p in params),
             all_greedy=all(p.greedy for p in params))
 
+    def _forward(self, batch: ScheduledBatch):
+        """Hidden states, the batch rows to sample, and the metadata (None on a CUDA graph, where every
+        row samples and the hidden states are already those of the last tokens)."""
+        if self.can_launch_async(batch):
+            return self.graphs.run(batch.seqs), list(range(len(batch.seqs))), None
+        input_ids, positions, meta, sample_rows = self.prepare(batch)
+        with use_metadata(meta):
+            return self.model(input_ids, positions), sample_rows, meta
+
+    def _last_tokens(self, meta: AttentionMetadata, sample_rows: list[int]) -> torch.Tensor:
+        return torch.tensor([meta.cu_seqlens_q_cpu[i + 1] - 1 for i in sample_rows], dtype=torch.long,
+                            device=self.device)
+
     @torch.inference_mode()
     def forward_logits(self, batch: ScheduledBatch) -> tuple[torch.Tensor, list[int]]:
         """Logits [len(sample_rows), vocab] at the last token of every sequence whose step reaches its
         end, and those sequences' rows in the batch."""
-        if self.can_launch_async(batch):
-            return self.model.compute_logits(self.graphs.run(batch.seqs)), list(range(len(batch.seqs)))
-        input_ids, positions, meta, sample_rows = self.prepare(batch)
-        with use_metadata(meta):
-            hidden_states = self.model(input_ids, positions)
-        last_token = torch.tensor([meta.cu_seqlens_q_cpu[i + 1] - 1 for i in sample_rows], dtype=torch.long,
-                                  device=self.device)
-        return self.model.compute_logits(hidden_states[last_token]), sample_rows
+        hidden_states, sample_rows, meta = self._forward(batch)
+        if meta is not None:
+            hidden_states = hidden_states[self._last_tokens(meta, sample_rows)]
+        return self.model.compute_logits(hidden_states), sample_rows
 
-    def run(self, batch: ScheduledBatch) -> list[int | None]:
-        """The sampled token for every scheduled sequence whose step reached its last token, else None."""
-        logits, sample_rows = self.forward_logits(batch)
-        result: list[int | None] = [None] * len(batch.seqs)
+    @torch.inference_mode()
+    def run(self, batch: ScheduledBatch) -> tuple[list[int | None], StepLogprobs]:
+        """The sampled token for every scheduled sequence whose step reached its last token (else None),
+        and the logprobs the requests asked for."""
+        hidden_states, sample_rows, meta = self._forward(batch)
+        step_logprobs = StepLogprobs()
+        if meta is not None:
+            if batch.is_prefill:
+                step_logprobs.prompt = prompt_logprobs(self.model.compute_logits, hidden_states, batch,
+                                                       meta.cu_seqlens_q_cpu)
+            hidden_states = hidden_states[self._last_tokens(meta, sample_rows)]
+        token_ids: list[int | None] = [None] * len(batch.seqs)
         if sample_rows:
             seqs = [batch.seqs[i] for i in sample_rows]
-            token_ids = self.sampler(logits, self.sampling_tensors(seqs)).tolist()
-            for row, token_id in zip(sample_rows, token_ids):
-                result[row] = token_id
-        return result
+            logits = self.model.compute_logits(hidden_states)
+            sampled = self.sampler(logits, self.sampling_tensors(seqs))
+            wanted = sampled_logprobs(logits, sampled, batch.seqs, sample_rows)
+            for row, token_id in zip(sample_rows, sampled.tolist()):
+                token_ids[row] = token_id
+            step_logprobs.sampled = sampled_dicts(wanted, batch.seqs, token_ids)
+        return token_ids, step_logprobs
 
     def can_launch_async(self, batch: ScheduledBatch) -> bool:
         """Decode steps on CUDA graphs can be launched without waiting for the previous step's tokens."""
@@ -246,12 +269,13 @@ class ModelRunner:
     def launch(self, batch: ScheduledBatch, prev: PendingStep | None) -> PendingStep:
         """Enqueue a decode step (inputs, graph, logits, sampling, copy of the ids to the host); no wait.
         Sequences whose last token is a placeholder take it from `prev` on the GPU."""
-        hidden_states = self.graphs.run(batch.seqs, prev)
-        token_ids = self.sampler(self.model.compute_logits(hidden_states), self.sampling_tensors(batch.seqs))
+        logits = self.model.compute_logits(self.graphs.run(batch.seqs, prev))
+        token_ids = self.sampler(logits, self.sampling_tensors(batch.seqs))
+        wanted = sampled_logprobs(logits, token_ids, batch.seqs, list(range(len(batch.seqs))))
         host = self._token_hosts[self._flip][:len(batch.seqs)]
         host.copy_(token_ids, non_blocking=True)
         done = self._events[self._flip]
         done.record()
         self._flip ^= 1
         rows = {seq.seq_id: i for i, seq in enumerate(batch.seqs)}
-        return PendingStep(batch, token_ids, rows, host, done)
+        return PendingStep(batch, token_ids, rows, host, done, wanted)

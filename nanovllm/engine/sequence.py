@@ -31,6 +31,8 @@ class Sequence:
         self.sampling_params = sampling_params
         self.finish_reason: str | None = None
         self.generator = None          # per-request torch.Generator when a seed is given
+        self.logprobs: list[dict[int, float]] = []            # one per generated token, when asked
+        self.prompt_logprobs: list[dict[int, float] | None] = [None] * len(token_ids)
 
     def __len__(self) -> int:
         return len(self.token_ids)
