@@ -81,3 +81,16 @@ def test_seeded_sampling_on_gpu_ignores_the_batch():
                          [SamplingParams(temperature=0.8, max_tokens=30), seeded,
                           SamplingParams(temperature=0, max_tokens=50)], use_tqdm=False)
     assert mixed[1]["token_ids"] == alone
+
+
+def test_logprobs_on_gpu_match_cpu():
+    params = SamplingParams(temperature=0, max_tokens=20, logprobs=3, prompt_logprobs=2)
+    prompts = ["Beautiful is better than", "Errors should never"]
+    cpu = LLM(DEMO_MODEL_DIR, device="cpu", max_model_len=1024).generate(prompts, params, use_tqdm=False)
+    gpu = LLM(DEMO_MODEL_DIR, device="cuda", max_model_len=1024, gpu_memory_utilization=0.3).generate(
+        prompts, params, use_tqdm=False)
+    for c, g in zip(cpu, gpu):
+        assert c["token_ids"] == g["token_ids"]
+        for dc, dg in zip(c["logprobs"] + c["prompt_logprobs"][1:], g["logprobs"] + g["prompt_logprobs"][1:]):
+            assert set(dc) == set(dg)
+            assert all(abs(dc[t] - dg[t]) < 0.1 for t in dc)     # bf16 weights, different kernels

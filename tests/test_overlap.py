@@ -26,7 +26,13 @@ class FakePending:
     rows: dict
 
     def collect(self):
-        return self.tokens, StepLogprobs()
+        return self.tokens, fake_logprobs(self.batch.seqs, self.tokens)
+
+
+def fake_logprobs(seqs, tokens) -> StepLogprobs:
+    """A made-up logprob per sampled token, for rows that asked."""
+    return StepLogprobs({row: {tok: -float(tok % 5)} for row, (seq, tok) in enumerate(zip(seqs, tokens))
+                         if tok is not None and seq.sampling_params.logprobs is not None})
 
 
 class FakeRunner:
@@ -39,8 +45,9 @@ class FakeRunner:
         return self.overlap and not batch.is_prefill
 
     def run(self, batch):
-        return [next_token(seq.token_ids[:seq.num_computed_tokens + n]) if seq.num_computed_tokens + n == len(seq)
-                else None for seq, n in zip(batch.seqs, batch.num_new_tokens)], StepLogprobs()
+        tokens = [next_token(seq.token_ids[:seq.num_computed_tokens + n]) if seq.num_computed_tokens + n == len(seq)
+                  else None for seq, n in zip(batch.seqs, batch.num_new_tokens)]
+        return tokens, fake_logprobs(batch.seqs, tokens)
 
     def launch(self, batch, prev):
         self.num_launches += 1
@@ -75,7 +82,8 @@ def test_overlapped_decode_matches_synchronous(model_dir, kw):
     rng = random.Random(0)
     prompts = [[rng.randrange(250) for _ in range(rng.randrange(1, 60))] for _ in range(12)]
     params = [SamplingParams(temperature=0, max_tokens=rng.randrange(1, 50), ignore_eos=i % 3 == 0,
-                             stop_token_ids=[7] if i % 4 == 1 else []) for i in range(12)]
+                             stop_token_ids=[7] if i % 4 == 1 else [], logprobs=1 if i % 2 else None)
+              for i in range(12)]
     sync, _ = run(model_dir, False, prompts, params, **kw)
     over, llm = run(model_dir, True, prompts, params, **kw)
     assert llm.model_runner.num_launches > 0
@@ -84,4 +92,6 @@ def test_overlapped_decode_matches_synchronous(model_dir, kw):
     assert [o["token_ids"] for o in over] == [o["token_ids"] for o in sync]
     assert [o["finish_reason"] for o in over] == [o["finish_reason"] for o in sync]
     assert all(PLACEHOLDER not in o["token_ids"] for o in over)
+    assert [o["logprobs"] for o in over] == [o["logprobs"] for o in sync]
+    assert all(len(o["logprobs"]) == len(o["token_ids"]) for o in over if o["logprobs"] is not None)
     assert {o["finish_reason"] for o in sync} >= {"stop", "length"}
