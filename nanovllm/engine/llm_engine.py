@@ -49,6 +49,15 @@ class LLMEngine:
         self.stats = {"prefill_steps": 0, "prefill_tokens": 0, "prefill_s": 0.0, "decode_steps": 0,
                       "decode_tokens": 0, "decode_s": 0.0}
 
+    def shutdown(self) -> None:
+        """End tensor-parallel workers and the process group (also done by `del llm` and at exit)."""
+        runner = getattr(self, "model_runner", None)
+        if runner is not None:
+            runner.shutdown()
+
+    def __del__(self):
+        self.shutdown()
+
     # ---- requests -------------------------------------------------------------------------------
     def tokenize(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):

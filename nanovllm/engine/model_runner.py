@@ -1,9 +1,11 @@
 """Runs the model for one scheduled batch: device setup, KV cache allocation, step inputs, sampling."""
 import logging
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from nanovllm.attention.backend import get_attention_backend
 from nanovllm.attention.metadata import AttentionMetadata, use_metadata
@@ -11,11 +13,13 @@ from nanovllm.config import Config
 from nanovllm.engine.cuda_graph import DecodeGraphs
 from nanovllm.engine.logprobs import StepLogprobs, prompt_logprobs, sampled_dicts, sampled_logprobs
 from nanovllm.engine.scheduler import ScheduledBatch
+from nanovllm.engine.tp_worker import WorkerGroup
 from nanovllm.engine.sequence import Sequence
 from nanovllm.layers.attention import Attention
 from nanovllm.layers.sampler import Sampler, SamplingTensors
 from nanovllm.models import get_model_class
 from nanovllm.utils.compile import set_compile_enabled
+from nanovllm.utils.distributed import get_tp_rank
 from nanovllm.utils.loader import load_dummy, load_model
 
 logger = logging.getLogger(__name__)
@@ -42,7 +46,11 @@ class ModelRunner:
 
     def __init__(self, config: Config):
         self.config = config
-        self.device = config.torch_device
+        self.workers = None
+        if config.tensor_parallel_size > 1 and not dist.is_initialized():
+            self.workers = WorkerGroup(config)     # rank 0: spawn ranks 1..N-1, join the process group
+        self.rank = get_tp_rank()
+        self.device = torch.device("cuda", self.rank) if config.device == "cuda" else config.torch_device
         self.block_size = config.kvcache_block_size
         hf = config.hf_config
         torch.manual_seed(config.seed)
@@ -103,6 +111,10 @@ class ModelRunner:
             num_blocks = self._blocks_from_gpu_memory()
         else:
             num_blocks = int(config.cpu_kvcache_space_gib * 2**30) // self.block_bytes()
+        if config.tensor_parallel_size > 1:     # every rank must agree on the smallest
+            count = torch.tensor([num_blocks], device=self.device)
+            dist.all_reduce(count, op=dist.ReduceOp.MIN)
+            num_blocks = int(count.item())
         needed = (config.max_model_len + self.block_size - 1) // self.block_size
         if num_blocks < needed:
             raise ValueError(f"the KV cache holds {num_blocks} blocks ({num_blocks * self.block_size} tokens), "
@@ -125,7 +137,7 @@ class ModelRunner:
         blocks_per_seq = warmup_blocks // num_seqs
         for i, seq in enumerate(seqs):
             seq.block_table = list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq))
-        self.run(ScheduledBatch(seqs, [seq_len] * num_seqs, is_prefill=True))
+        self.run(ScheduledBatch(seqs, [seq_len] * num_seqs, is_prefill=True), mirror=False)
         torch.cuda.synchronize()
         # gpu_memory_utilization is this engine's share of the card: its weights and peak activations
         # (what this process allocated since the engine started), the CUDA context, then the KV cache.
@@ -239,10 +251,31 @@ class ModelRunner:
             hidden_states = hidden_states[self._last_tokens(meta, sample_rows)]
         return self.model.compute_logits(hidden_states), sample_rows
 
-    @torch.inference_mode()
-    def run(self, batch: ScheduledBatch) -> tuple[list[int | None], StepLogprobs]:
+    def run(self, batch: ScheduledBatch, mirror: bool = True) -> tuple[list[int | None], StepLogprobs]:
         """The sampled token for every scheduled sequence whose step reached its last token (else None),
-        and the logprobs the requests asked for."""
+        and the logprobs the requests asked for. Under tensor parallelism the workers run it too."""
+        if mirror and self.workers is not None:
+            self.workers.call("run", batch, False)
+        with self._worker_errors():
+            return self._run(batch)
+
+    @contextmanager
+    def _worker_errors(self):
+        """A collective that fails because a worker died reports that worker's error."""
+        try:
+            yield
+        except Exception:
+            if self.workers is not None:
+                self.workers.raise_worker_error(wait_s=10)
+            raise
+
+    def shutdown(self) -> None:
+        if self.workers is not None:
+            self.workers.shutdown()
+            self.workers = None
+
+    @torch.inference_mode()
+    def _run(self, batch: ScheduledBatch) -> tuple[list[int | None], StepLogprobs]:
         hidden_states, sample_rows, meta = self._forward(batch)
         step_logprobs = StepLogprobs()
         if meta is not None:
@@ -265,12 +298,20 @@ class ModelRunner:
         """Decode steps on CUDA graphs can be launched without waiting for the previous step's tokens."""
         return not batch.is_prefill and self.graphs is not None and self.graphs.can_run(len(batch.seqs))
 
-    @torch.inference_mode()
     def launch(self, batch: ScheduledBatch, prev: PendingStep | None) -> PendingStep:
         """Enqueue a decode step (inputs, graph, logits, sampling, copy of the ids to the host); no wait.
         Sequences whose last token is a placeholder take it from `prev` on the GPU."""
+        if self.workers is not None and self.rank == 0:
+            self.workers.call("launch", batch)
+        with self._worker_errors():
+            return self._launch(batch, prev)
+
+    @torch.inference_mode()
+    def _launch(self, batch: ScheduledBatch, prev: PendingStep | None) -> PendingStep:
         logits = self.model.compute_logits(self.graphs.run(batch.seqs, prev))
         token_ids = self.sampler(logits, self.sampling_tensors(batch.seqs))
+        if self.config.tensor_parallel_size > 1:
+            dist.broadcast(token_ids, src=0)       # every rank feeds rank 0's samples to the next step
         wanted = sampled_logprobs(logits, token_ids, batch.seqs, list(range(len(batch.seqs))))
         host = self._token_hosts[self._flip][:len(batch.seqs)]
         host.copy_(token_ids, non_blocking=True)

@@ -34,6 +34,12 @@ class Sequence:
         self.logprobs: list[dict[int, float]] = []            # one per generated token, when asked
         self.prompt_logprobs: list[dict[int, float] | None] = [None] * len(token_ids)
 
+    def __getstate__(self) -> dict:
+        """What a tensor-parallel worker needs: no generator, no logprobs collected on rank 0."""
+        state = dict(self.__dict__)
+        state.update(generator=None, logprobs=[], prompt_logprobs=[])
+        return state
+
     def __len__(self) -> int:
         return len(self.token_ids)
 
