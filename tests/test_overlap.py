@@ -41,6 +41,9 @@ class FakeRunner:
     def __init__(self, overlap: bool):
         self.overlap, self.num_launches = overlap, 0
 
+    def shutdown(self) -> None:
+        pass
+
     def can_launch_async(self, batch) -> bool:
         return self.overlap and not batch.is_prefill
 
