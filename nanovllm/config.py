@@ -5,13 +5,14 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
+from nanovllm.quant.kv import KV_CACHE_DTYPES
+
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
           "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "half": torch.float16,
           "float": torch.float32}
 DEVICES = ("auto", "cuda", "cpu")
 LOAD_FORMATS = ("auto", "dummy")
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash_attn")
-KV_CACHE_DTYPES = ("auto",)
 
 
 def _choice(name: str, value, allowed) -> None:

@@ -33,6 +33,7 @@ def test_unknown_keyword_lists_valid_ones(model_dir):
     (dict(load_format="pt"), "dummy"),
     (dict(dtype="int3"), "bfloat16"),
     (dict(attention_backend="xformers"), "triton"),
+    (dict(kv_cache_dtype="int4"), "int8"),
     (dict(gpu_memory_utilization=1.5), r"\(0, 1\]"),
     (dict(tensor_parallel_size=3), "divide"),
     (dict(num_kvcache_blocks=1, max_model_len=256, kvcache_block_size=16), "max_model_len"),
@@ -127,7 +128,7 @@ def test_dtype_auto_follows_checkpoint(tmp_path):
     llm = LLM(str(tmp_path), kvcache_block_size=16, num_kvcache_blocks=32, max_model_len=128)
     assert llm.config.dtype == torch.bfloat16
     assert llm.model_runner.model.lm_head.weight.dtype == torch.bfloat16
-    assert llm.model_runner.kv_cache.dtype == torch.bfloat16
+    assert llm.model_runner.kv_caches[0].k.dtype == torch.bfloat16
     forced = LLM(str(tmp_path), dtype="float32", kvcache_block_size=16, num_kvcache_blocks=32, max_model_len=128)
     assert forced.model_runner.model.lm_head.weight.dtype == torch.float32
 

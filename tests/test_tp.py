@@ -109,3 +109,14 @@ def test_two_engines_at_once_and_exit_without_shutdown(tmp_path, ending):
 
 def session_processes(sid: int) -> list[str]:
     return subprocess.run(["pgrep", "-s", str(sid)], capture_output=True, text=True).stdout.split()
+
+
+def test_tp2_with_int8_kv_cache(tmp_path):
+    make_tiny_model(str(tmp_path), num_heads=4, num_kv_heads=2, head_dim=32)
+    ps = prompts([9, 33, 60], seed=4)
+    tp1 = generate(LLM(str(tmp_path), num_kvcache_blocks=64, kv_cache_dtype="int8", **KW), ps)
+    llm = LLM(str(tmp_path), num_kvcache_blocks=64, kv_cache_dtype="int8", tensor_parallel_size=2, **KW)
+    try:
+        assert [o["token_ids"] for o in generate(llm, ps)] == [o["token_ids"] for o in tp1]
+    finally:
+        llm.shutdown()

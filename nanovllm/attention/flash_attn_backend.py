@@ -18,6 +18,7 @@ except ImportError as e:  # the backend registry turns this into advice
 class FlashAttnBackend:
     name = "flash_attn"
     supports_cuda_graphs = True
+    kv_cache_dtypes = ("auto",)
 
     def plan_decode(self, num_seqs: int, num_kv_heads: int, max_context_len: int) -> int:
         return 1      # flash-attn splits internally
@@ -27,10 +28,11 @@ class FlashAttnBackend:
             raise ValueError(f"attention_backend='flash_attn' needs kvcache_block_size % 256 == 0, got {block_size}")
         return (num_blocks, block_size, num_kv_heads, head_dim)
 
-    def store_kv(self, k, v, k_cache, v_cache, meta: AttentionMetadata) -> None:
-        store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+    def store_kv(self, k, v, cache, meta: AttentionMetadata) -> None:
+        store_kv(k, v, cache, meta.slot_mapping)
 
-    def forward(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    def forward(self, q, cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        k_cache, v_cache = cache.k, cache.v
         if meta.is_prefill:
             cu_k = torch.nn.functional.pad(meta.context_lens.cumsum(0, dtype=torch.int32), (1, 0))
             return flash_attn_varlen_func(q, k_cache, v_cache, cu_seqlens_q=meta.cu_seqlens_q, cu_seqlens_k=cu_k,

@@ -5,12 +5,14 @@ from nanovllm.attention.metadata import AttentionMetadata
 from nanovllm.attention.triton_decode import decode_attention, num_decode_splits
 from nanovllm.attention.triton_prefill import prefill_attention
 from nanovllm.attention.triton_store import store_kv
+from nanovllm.quant.kv import LayerKVCache
 
 
 class TritonBackend:
     """Paged attention in Triton; any block size that is a multiple of 16, head_dim a power of 2."""
     name = "triton"
     supports_cuda_graphs = True
+    kv_cache_dtypes = ("auto", "int8", "fp8")
 
     def plan_decode(self, num_seqs: int, num_kv_heads: int, max_context_len: int) -> int:
         """Split-KV factor: enough programs to fill every SM when the batch alone does not."""
@@ -23,12 +25,11 @@ class TritonBackend:
                              f"use attention_backend='torch'")
         return (num_blocks, block_size, num_kv_heads, head_dim)
 
-    def store_kv(self, k, v, k_cache, v_cache, meta: AttentionMetadata) -> None:
-        store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+    def store_kv(self, k, v, cache: LayerKVCache, meta: AttentionMetadata) -> None:
+        store_kv(k, v, cache, meta.slot_mapping)
 
-    def forward(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    def forward(self, q, cache: LayerKVCache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         if meta.is_prefill:
-            return prefill_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens,
-                                     meta.cu_seqlens_q, meta.max_seqlen_q, scale)
-        return decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale,
-                                meta.num_decode_splits)
+            return prefill_attention(q, cache, meta.block_tables, meta.context_lens, meta.cu_seqlens_q,
+                                     meta.max_seqlen_q, scale)
+        return decode_attention(q, cache, meta.block_tables, meta.context_lens, scale, meta.num_decode_splits)

@@ -7,6 +7,8 @@ with several, each writes its unnormalized accumulator and its softmax statistic
 second kernel combines them:
     out = sum_i exp2(m_i - M) acc_i / sum_i exp2(m_i - M) l_i,   M = max_i m_i.
 Context lengths are read on the device, so the launch is the same for every step and fits a CUDA graph.
+INT8/FP8 caches are converted in registers; K's scales multiply the score columns and V's the probability
+columns, so the quantized cache is read once and never expanded in memory.
 Reference: `paged_attention_ref` with one query per sequence.
 """
 import torch
@@ -14,16 +16,18 @@ import triton
 import triton.language as tl
 
 from nanovllm.attention.torch_ref import dot_precision, paged_attention_ref
+from nanovllm.quant.kv import LayerKVCache
 
 __all__ = ["decode_attention", "paged_attention_ref"]
 
 
 @triton.jit
-def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
+def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
                    block_tables_ptr, context_lens_ptr, qk_scale,
-                   stride_qt, stride_qh, stride_ot, stride_oh, stride_bt, stride_cb, stride_cs, stride_ch,
+                   stride_qt, stride_qh, stride_ot, stride_oh, stride_bt, stride_cb, stride_cs, stride_ch, stride_ss,
                    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                   HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                   HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                   QUANT: tl.constexpr):
     seq, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     context_len = tl.load(context_lens_ptr + seq)
     split_len = tl.cdiv(tl.cdiv(context_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
@@ -45,12 +49,17 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_acc_ptr, part_
         kv_off = block.to(tl.int64) * stride_cb + (offs_n % BLOCK_SIZE) * stride_cs + kv_head * stride_ch
         k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=key_ok[:, None], other=0.0)
         v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=key_ok[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k).to(q.dtype), input_precision=DOT_PRECISION) * qk_scale                      # [BLOCK_G, BLOCK_N]
+        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * qk_scale      # [BLOCK_G, BLOCK_N]
+        slot = block.to(tl.int64) * BLOCK_SIZE + offs_n % BLOCK_SIZE
+        if QUANT:   # K's per-key scales multiply the score columns
+            s = s * tl.load(k_scale_ptr + slot * stride_ss + kv_head, mask=key_ok, other=0.0)[None, :]
         s = tl.where(key_ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         p = tl.exp2(s - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
+        if QUANT:   # V's per-key scales multiply the probability columns (after l is updated)
+            p = p * tl.load(v_scale_ptr + slot * stride_ss + kv_head, mask=key_ok, other=0.0)[None, :]
         acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
         m_i = m_new
     if NUM_SPLITS == 1:
@@ -86,9 +95,10 @@ def num_decode_splits(num_seqs: int, num_kv_heads: int, max_context_len: int, nu
     return triton.next_power_of_2(want) if want > 1 else 1
 
 
-def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-                     context_lens: torch.Tensor, scale: float, num_splits: int = 1) -> torch.Tensor:
+def decode_attention(q: torch.Tensor, cache: LayerKVCache, block_tables: torch.Tensor, context_lens: torch.Tensor,
+                     scale: float, num_splits: int = 1) -> torch.Tensor:
     """q [num_seqs, num_heads, head_dim] (one token each) -> out of the same shape."""
+    k_cache, v_cache = cache.k, cache.v
     num_seqs, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     assert head_dim == triton.next_power_of_2(head_dim) and head_dim >= 16, "head_dim must be a power of 2"
@@ -101,10 +111,12 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     if num_splits > 1:
         part_acc = torch.empty(num_seqs * num_heads * num_splits, head_dim, dtype=torch.float32, device=q.device)
         part_ml = torch.empty(num_seqs * num_heads * num_splits, 2, dtype=torch.float32, device=q.device)
+    k_scale, v_scale = (cache.k_scale, cache.v_scale) if cache.quantized else (k_cache, v_cache)
     _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, out, part_acc, part_ml, block_tables, context_lens, scale * 1.4426950408889634,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        q, k_cache, v_cache, k_scale, v_scale, out, part_acc, part_ml, block_tables, context_lens,
+        scale * 1.4426950408889634, q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_scale.stride(1) if cache.quantized else 0,
+        QUANT=cache.quantized,
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=block_size, HEAD_DIM=head_dim,
         BLOCK_N=64, NUM_SPLITS=num_splits, DOT_PRECISION=dot_precision(q.dtype), num_warps=4, num_stages=3)
     if num_splits > 1:

@@ -7,23 +7,28 @@ Query row r sits at position context_len - n_q + r and sees keys 0..that positio
 Grid: (query tiles of BLOCK_M, sequences, query heads). Each program streams its keys in tiles of BLOCK_N,
 looking up each key's block in the block table (so any block size works), with the online softmax of
 FlashAttention: running max m, running sum l, rescaled accumulator. Scores use exp2 with the scale
-folded into log2(e). Reference: `paged_attention_ref`.
+folded into log2(e). With an INT8/FP8 cache the tiles are converted to the model dtype in registers and the
+per-key scales are applied where they cost least: K's to the score columns, V's to the probability
+columns before the second dot (never a dequantized copy of the cache in memory).
+Reference: `paged_attention_ref`.
 """
 import torch
 import triton
 import triton.language as tl
 
 from nanovllm.attention.torch_ref import dot_precision, paged_attention_ref
+from nanovllm.quant.kv import LayerKVCache
 
 __all__ = ["prefill_attention", "paged_attention_ref"]
 
 
 @triton.jit
-def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_tables_ptr, context_lens_ptr, cu_q_ptr,
-                    qk_scale, stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
-                    stride_cb, stride_cs, stride_ch,
+def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, out_ptr, block_tables_ptr,
+                    context_lens_ptr, cu_q_ptr, qk_scale, stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
+                    stride_cb, stride_cs, stride_ch, stride_ss,
                     GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                    QUANT: tl.constexpr):
     tile, seq, head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     q_start = tl.load(cu_q_ptr + seq)
     q_len = tl.load(cu_q_ptr + seq + 1) - q_start
@@ -48,13 +53,18 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_tables_ptr, 
             kv_off = block.to(tl.int64) * stride_cb + (offs_n % BLOCK_SIZE) * stride_cs + kv_head * stride_ch
             k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=key_ok[:, None], other=0.0)
             v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=key_ok[:, None], other=0.0)
-            s = tl.dot(q, tl.trans(k).to(q.dtype), input_precision=DOT_PRECISION) * qk_scale                # [BLOCK_M, BLOCK_N], log2 units
+            s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * qk_scale   # [BLOCK_M, BLOCK_N]
+            slot = block.to(tl.int64) * BLOCK_SIZE + offs_n % BLOCK_SIZE
+            if QUANT:   # K's per-key scales multiply the score columns
+                s = s * tl.load(k_scale_ptr + slot * stride_ss + kv_head, mask=key_ok, other=0.0)[None, :]
             visible = (offs_n[None, :] <= q_pos[:, None]) & key_ok[None, :]
             s = tl.where(visible, s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             p = tl.exp2(s - m_new[:, None])
             alpha = tl.exp2(m_i - m_new)
             l_i = l_i * alpha + tl.sum(p, 1)
+            if QUANT:   # V's per-key scales multiply the probability columns (after l is updated)
+                p = p * tl.load(v_scale_ptr + slot * stride_ss + kv_head, mask=key_ok, other=0.0)[None, :]
             acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
             m_i = m_new
         out = acc / l_i[:, None]
@@ -62,10 +72,10 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_tables_ptr, 
                  out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
-def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-                      context_lens: torch.Tensor, cu_seqlens_q: torch.Tensor, max_seqlen_q: int,
-                      scale: float) -> torch.Tensor:
+def prefill_attention(q: torch.Tensor, cache: LayerKVCache, block_tables: torch.Tensor, context_lens: torch.Tensor,
+                      cu_seqlens_q: torch.Tensor, max_seqlen_q: int, scale: float) -> torch.Tensor:
     """q [num_tokens, num_heads, head_dim] -> out of the same shape."""
+    k_cache, v_cache = cache.k, cache.v
     num_tokens, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     assert head_dim == triton.next_power_of_2(head_dim) and head_dim >= 16, "head_dim must be a power of 2"
@@ -75,9 +85,11 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     block_m = 64 if max_seqlen_q > 32 else 16
     block_n = 64 if head_dim <= 64 else 32
     grid = (triton.cdiv(max_seqlen_q, block_m), context_lens.shape[0], num_heads)
-    _prefill_kernel[grid](q, k_cache, v_cache, out, block_tables, context_lens, cu_seqlens_q,
+    k_scale, v_scale = (cache.k_scale, cache.v_scale) if cache.quantized else (k_cache, v_cache)
+    _prefill_kernel[grid](q, k_cache, v_cache, k_scale, v_scale, out, block_tables, context_lens, cu_seqlens_q,
                           scale * 1.4426950408889634, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
                           block_tables.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+                          k_scale.stride(1) if cache.quantized else 0, QUANT=cache.quantized,
                           GROUP=num_heads // num_kv_heads, BLOCK_SIZE=block_size, HEAD_DIM=head_dim,
                           BLOCK_M=block_m, BLOCK_N=block_n, DOT_PRECISION=dot_precision(q.dtype), num_warps=4, num_stages=2)
     return out

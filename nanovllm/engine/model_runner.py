@@ -18,6 +18,7 @@ from nanovllm.engine.sequence import Sequence
 from nanovllm.layers.attention import Attention
 from nanovllm.layers.sampler import Sampler, SamplingTensors
 from nanovllm.models import get_model_class
+from nanovllm.quant import kv as kv_quant
 from nanovllm.utils.compile import set_compile_enabled
 from nanovllm.utils.distributed import get_tp_rank
 from nanovllm.utils.loader import load_dummy, load_model
@@ -59,6 +60,9 @@ class ModelRunner:
         self.model = self._build_model()
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         self.backend = get_attention_backend(config.attention_backend, config.device)
+        if config.kv_cache_dtype not in self.backend.kv_cache_dtypes:
+            raise ValueError(f"attention_backend={self.backend.name!r} supports kv_cache_dtype "
+                             f"{list(self.backend.kv_cache_dtypes)}, not {config.kv_cache_dtype!r}")
         for layer in self.attention_layers:
             layer.backend = self.backend
         self.sampler = Sampler()
@@ -79,8 +83,8 @@ class ModelRunner:
                                  for _ in range(2)]
             self._events = [torch.cuda.Event(), torch.cuda.Event()]
             self._flip = 0
-        logger.info("KV cache: %d blocks of %d tokens = %d tokens", self.num_kvcache_blocks,
-                    self.block_size, self.num_kvcache_blocks * self.block_size)
+        logger.info("KV cache (%s): %d blocks of %d tokens = %d tokens", config.kv_cache_dtype,
+                    self.num_kvcache_blocks, self.block_size, self.num_kvcache_blocks * self.block_size)
 
     def _build_model(self) -> torch.nn.Module:
         config = self.config
@@ -99,8 +103,10 @@ class ModelRunner:
 
     # ---- KV cache -------------------------------------------------------------------------------
     def block_bytes(self) -> int:
+        """One block of every layer's K and V, scales included."""
         layer = self.attention_layers[0]
-        per_token = 2 * layer.num_kv_heads * layer.head_dim * self.config.dtype.itemsize
+        per_token = kv_quant.bytes_per_token(self.config.kv_cache_dtype, self.config.dtype, layer.num_kv_heads,
+                                             layer.head_dim)
         return per_token * self.block_size * len(self.attention_layers)
 
     def _decide_num_blocks(self) -> int:
@@ -153,15 +159,15 @@ class ModelRunner:
     def _allocate_kv_cache(self, num_blocks: int) -> None:
         layer = self.attention_layers[0]
         shape = self.backend.kv_cache_shape(num_blocks, self.block_size, layer.num_kv_heads, layer.head_dim)
-        self.kv_cache = torch.empty((2, len(self.attention_layers), *shape), dtype=self.config.dtype,
-                                    device=self.device)
-        for i, layer in enumerate(self.attention_layers):
-            layer.k_cache, layer.v_cache = self.kv_cache[0, i], self.kv_cache[1, i]
+        self.kv_caches = kv_quant.allocate(len(self.attention_layers), shape, self.config.kv_cache_dtype,
+                                           self.config.dtype, self.device)
+        for layer, cache in zip(self.attention_layers, self.kv_caches):
+            layer.kv_cache = cache
 
     def _free_kv_cache(self) -> None:
         for layer in self.attention_layers:
-            layer.k_cache = layer.v_cache = torch.tensor([])
-        del self.kv_cache
+            layer.kv_cache = None
+        del self.kv_caches
         torch.cuda.empty_cache()
 
     # ---- one step -------------------------------------------------------------------------------

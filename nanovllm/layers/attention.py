@@ -17,13 +17,13 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale = scale
         self.backend = None
-        self.k_cache = self.v_cache = torch.tensor([])
+        self.kv_cache = None   # LayerKVCache, bound by the model runner
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         meta = get_metadata()
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        self.backend.store_kv(k, v, self.k_cache, self.v_cache, meta)
-        out = self.backend.forward(q, self.k_cache, self.v_cache, meta, self.scale)
+        self.backend.store_kv(k, v, self.kv_cache, meta)
+        out = self.backend.forward(q, self.kv_cache, meta, self.scale)
         return out.view(-1, self.num_heads * self.head_dim)

@@ -4,9 +4,20 @@ import random
 import torch
 
 from nanovllm.attention.metadata import AttentionMetadata
+from nanovllm.quant.kv import LayerKVCache, quantize_ref
 
 
-def make_case(query_lens, context_lens, num_heads, num_kv_heads, head_dim, block_size, dtype, device, seed=0):
+def make_cache(shape, dtype, device, kv_cache_dtype="auto") -> LayerKVCache:
+    """Random K/V values (quantized with the reference when asked)."""
+    k, v = (torch.randn(shape, dtype=dtype, device=device) for _ in range(2))
+    if kv_cache_dtype == "auto":
+        return LayerKVCache(k, v)
+    (kq, ks), (vq, vs) = quantize_ref(k, kv_cache_dtype), quantize_ref(v, kv_cache_dtype)
+    return LayerKVCache(kq, vq, ks, vs)
+
+
+def make_case(query_lens, context_lens, num_heads, num_kv_heads, head_dim, block_size, dtype, device, seed=0,
+              kv_cache_dtype="auto"):
     """Sequence i has context_lens[i] tokens in the cache, the last query_lens[i] of which are queries.
     Blocks are scattered at random over the pool, as after a long run."""
     torch.manual_seed(seed)
@@ -19,8 +30,7 @@ def make_case(query_lens, context_lens, num_heads, num_kv_heads, head_dim, block
     for i, n in enumerate(blocks_per_seq):
         tables[i, :n] = torch.tensor([pool.pop() for _ in range(n)], dtype=torch.int32)
     shape = (num_blocks, block_size, num_kv_heads, head_dim)
-    k_cache = torch.randn(shape, dtype=dtype, device=device)
-    v_cache = torch.randn(shape, dtype=dtype, device=device)
+    cache = make_cache(shape, dtype, device, kv_cache_dtype)
     q = torch.randn(sum(query_lens), num_heads, head_dim, dtype=dtype, device=device)
     cu = [0]
     for n in query_lens:
@@ -31,7 +41,7 @@ def make_case(query_lens, context_lens, num_heads, num_kv_heads, head_dim, block
         block_tables=tables.to(device), cu_seqlens_q=torch.tensor(cu, dtype=torch.int32, device=device),
         max_seqlen_q=max(query_lens), max_seqlen_k=max(context_lens),
         context_lens_cpu=list(context_lens), cu_seqlens_q_cpu=cu)
-    return q, k_cache, v_cache, meta
+    return q, cache, meta
 
 
 def slots_for(meta, block_size, query_lens):

@@ -4,6 +4,7 @@ import torch
 
 from kernels.attention_cases import make_case, slots_for
 from nanovllm.attention.torch_ref import paged_attention_ref, store_kv_ref
+from nanovllm.quant.kv import LayerKVCache, dequantize_ref, quantize_ref
 
 triton = pytest.importorskip("triton")
 from nanovllm.attention.triton_decode import decode_attention, num_decode_splits  # noqa: E402
@@ -22,6 +23,7 @@ DECODE_SHAPES = [[1, 17, 70], [33]] if not CUDA else [[1, 100, 1000, 4000] * 8, 
 GQA = [(4, 4), (4, 2), (8, 2)] if not CUDA else [(16, 8), (32, 8), (8, 8), (32, 4)]
 HEAD_DIMS = [64, 128] if CUDA else [32, 64]
 BLOCK_SIZES = [16, 32] if not CUDA else [16, 64, 256]
+KV_DTYPES = ["auto", "int8", "fp8"]
 
 
 def rel_err(a, b):
@@ -29,17 +31,46 @@ def rel_err(a, b):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("heads", GQA[:2])
-def test_store_kv_matches_reference(dtype, heads):
-    q, k_cache, v_cache, meta = make_case([5, 9], [5, 20], heads[0], heads[1], 32, 16, dtype, DEVICE)
+@pytest.mark.parametrize("heads", GQA[:2] + [(6, 3)])
+@pytest.mark.parametrize("kv_cache_dtype", KV_DTYPES)
+def test_store_kv_matches_reference(dtype, heads, kv_cache_dtype):
+    q, cache, meta = make_case([5, 9], [5, 20], heads[0], heads[1], 32, 16, dtype, DEVICE,
+                               kv_cache_dtype=kv_cache_dtype)
     slots = slots_for(meta, 16, [5, 9])
     slots[2] = -1                                          # padding token: must not be written
-    qkv = torch.randn(len(slots), 3 * heads[1] * 32, dtype=dtype, device=DEVICE)
-    k, v = qkv[:, :heads[1] * 32].view(-1, heads[1], 32), qkv[:, heads[1] * 32:2 * heads[1] * 32].view(-1, heads[1], 32)
-    k_ref, v_ref = k_cache.clone(), v_cache.clone()
-    store_kv_ref(k, v, k_ref, v_ref, slots)
-    store_kv(k, v, k_cache, v_cache, slots)
-    assert torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref)
+    width = heads[1] * 32
+    qkv = torch.randn(len(slots), 3 * width, dtype=dtype, device=DEVICE) * 3
+    k, v = qkv[:, :width].view(-1, heads[1], 32), qkv[:, width:2 * width].view(-1, heads[1], 32)
+    ref = LayerKVCache(*(t.clone() if t is not None else None for t in (cache.k, cache.v, cache.k_scale, cache.v_scale)))
+    store_kv_ref(k, v, ref, slots)
+    store_kv(k, v, cache, slots)
+    if kv_cache_dtype == "auto":
+        assert torch.equal(cache.k, ref.k) and torch.equal(cache.v, ref.v)
+        return
+    torch.testing.assert_close(cache.k_scale, ref.k_scale, rtol=1e-6, atol=0)
+    torch.testing.assert_close(cache.v_scale, ref.v_scale, rtol=1e-6, atol=0)
+    # values may differ where x / scale sits on a rounding boundary (float division differs by an ulp)
+    for got, want, x, scales in ((cache.k, ref.k, k, cache.k_scale), (cache.v, ref.v, v, cache.v_scale)):
+        assert (got.float() != want.float()).float().mean() < 0.01
+        if kv_cache_dtype == "int8":
+            assert (got.float() - want.float()).abs().max() <= 1
+        flat_scales = scales.view(-1, scales.shape[-1])[slots[slots >= 0]]
+        stored = dequantize_ref(got.view(-1, *got.shape[2:])[slots[slots >= 0]], flat_scales)
+        bound = 0.01 if kv_cache_dtype == "int8" else 0.08      # e4m3 keeps 3 mantissa bits
+        assert ((stored - x[slots >= 0].float()).norm() / x.float().norm()) < bound
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["int8", "fp8"])
+def test_quantize_round_trip_error_bound(kv_cache_dtype):
+    x = torch.randn(64, 8, 128) * torch.rand(64, 8, 1) * 10
+    q, scale = quantize_ref(x, kv_cache_dtype)
+    err = (dequantize_ref(q, scale) - x).abs()
+    amax = x.abs().amax(-1, keepdim=True)
+    if kv_cache_dtype == "int8":
+        assert (err <= amax / 127 / 2 + 1e-6).all()           # half a step of max|x| / 127
+    else:
+        assert (err <= x.abs() * 2 ** -4 + amax / 448 * 2 ** -9 + 1e-6).all()   # e4m3: 3 mantissa bits
+    assert ((dequantize_ref(q, scale) - x).norm() / x.norm()) < (0.01 if kv_cache_dtype == "int8" else 0.05)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -47,13 +78,15 @@ def test_store_kv_matches_reference(dtype, heads):
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("block_size", BLOCK_SIZES)
 @pytest.mark.parametrize("shape", PREFILL_SHAPES)
-def test_prefill_matches_reference(dtype, heads, head_dim, block_size, shape):
+@pytest.mark.parametrize("kv_cache_dtype", KV_DTYPES)
+def test_prefill_matches_reference(dtype, heads, head_dim, block_size, shape, kv_cache_dtype):
     query_lens, context_lens = shape
-    q, k_cache, v_cache, meta = make_case(query_lens, context_lens, *heads, head_dim, block_size, dtype, DEVICE)
+    q, cache, meta = make_case(query_lens, context_lens, *heads, head_dim, block_size, dtype, DEVICE,
+                               kv_cache_dtype=kv_cache_dtype)
     scale = head_dim ** -0.5
-    out = prefill_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens, meta.cu_seqlens_q,
-                            meta.max_seqlen_q, scale)
-    ref = paged_attention_ref(q, k_cache, v_cache, meta, scale)
+    out = prefill_attention(q, cache, meta.block_tables, meta.context_lens, meta.cu_seqlens_q, meta.max_seqlen_q,
+                            scale)
+    ref = paged_attention_ref(q, cache, meta, scale)
     assert rel_err(out, ref) < TOL[dtype]
 
 
@@ -63,12 +96,13 @@ def test_prefill_matches_reference(dtype, heads, head_dim, block_size, shape):
 @pytest.mark.parametrize("block_size", BLOCK_SIZES)
 @pytest.mark.parametrize("context_lens", DECODE_SHAPES)
 @pytest.mark.parametrize("num_splits", [1, 4])
-def test_decode_matches_reference(dtype, heads, head_dim, block_size, context_lens, num_splits):
-    q, k_cache, v_cache, meta = make_case([1] * len(context_lens), context_lens, *heads, head_dim, block_size,
-                                          dtype, DEVICE)
+@pytest.mark.parametrize("kv_cache_dtype", KV_DTYPES)
+def test_decode_matches_reference(dtype, heads, head_dim, block_size, context_lens, num_splits, kv_cache_dtype):
+    q, cache, meta = make_case([1] * len(context_lens), context_lens, *heads, head_dim, block_size, dtype, DEVICE,
+                               kv_cache_dtype=kv_cache_dtype)
     scale = head_dim ** -0.5
-    out = decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale, num_splits)
-    ref = paged_attention_ref(q, k_cache, v_cache, meta, scale)
+    out = decode_attention(q, cache, meta.block_tables, meta.context_lens, scale, num_splits)
+    ref = paged_attention_ref(q, cache, meta, scale)
     assert not out.isnan().any()
     assert rel_err(out, ref) < TOL[dtype]
 
