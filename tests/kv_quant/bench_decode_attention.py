@@ -1,0 +1,59 @@
+"""Decode-attention microbenchmark: effective bandwidth of the split-KV kernel per KV cache dtype.
+
+    python tests/kv_quant/bench_decode_attention.py [--batch 64] [--context 8192]
+
+Qwen3-0.6B attention shape (16 query heads, 8 KV heads, head_dim 128), one layer, blocks scattered over
+the pool. Bytes counted = K and V values (and scales) of every context token, read once; the query and
+output are negligible. Prints one JSON line per dtype and writes them under benchmark_results/kv_int8_cache/.
+"""
+import argparse
+import json
+import os
+from datetime import datetime, timezone
+
+import torch
+from triton.testing import do_bench
+
+from nanovllm.attention.triton_decode import decode_attention, num_decode_splits
+from nanovllm.quant.kv import LayerKVCache, quantize_ref
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--context", type=int, default=8192)
+    parser.add_argument("--block-size", type=int, default=256)
+    args = parser.parse_args()
+    heads, kv_heads, head_dim, bs = 16, 8, 128, args.block_size
+    blocks_per_seq = args.context // bs
+    num_blocks = args.batch * blocks_per_seq
+    tables = torch.randperm(num_blocks, device="cuda").view(args.batch, blocks_per_seq).int()
+    context_lens = torch.full((args.batch,), args.context, dtype=torch.int32, device="cuda")
+    q = torch.randn(args.batch, heads, head_dim, dtype=torch.bfloat16, device="cuda")
+    shape = (num_blocks, bs, kv_heads, head_dim)
+    k, v = (torch.randn(shape, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+    splits = num_decode_splits(args.batch, kv_heads, args.context,
+                               torch.cuda.get_device_properties(0).multi_processor_count)
+    records = []
+    for kind in ("auto", "int8", "fp8"):
+        if kind == "auto":
+            cache = LayerKVCache(k, v)
+        else:
+            (kq, ks), (vq, vs) = quantize_ref(k, kind), quantize_ref(v, kind)
+            cache = LayerKVCache(kq, vq, ks, vs)
+        ms = do_bench(lambda: decode_attention(q, cache, tables, context_lens, head_dim ** -0.5, splits),
+                      warmup=50, rep=300, return_mode="median")
+        nbytes = sum(t.numel() * t.element_size() for t in (cache.k, cache.v, cache.k_scale, cache.v_scale)
+                     if t is not None)
+        records.append({"kv_cache_dtype": kind, "batch": args.batch, "context": args.context, "splits": splits,
+                        "ms": ms, "bytes": nbytes, "tb_per_s": nbytes / ms / 1e9, "gpu": torch.cuda.get_device_name(),
+                        "date": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+        print(json.dumps(records[-1]))
+        del cache
+    os.makedirs("benchmark_results/kv_int8_cache", exist_ok=True)
+    with open(f"benchmark_results/kv_int8_cache/decode-attention-b{args.batch}-c{args.context}.json", "w") as f:
+        json.dump(records, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
