@@ -19,6 +19,7 @@ from nanovllm.layers.attention import Attention
 from nanovllm.layers.sampler import Sampler, SamplingTensors
 from nanovllm.models import get_model_class
 from nanovllm.quant import kv as kv_quant
+from nanovllm.quant.awq import read_awq_config
 from nanovllm.utils.compile import set_compile_enabled
 from nanovllm.utils.distributed import get_tp_rank
 from nanovllm.utils.loader import load_dummy, load_model
@@ -91,8 +92,9 @@ class ModelRunner:
         default_dtype = torch.get_default_dtype()
         torch.set_default_dtype(config.dtype)
         try:
+            quant_config = read_awq_config(config.model, config.hf_config)
             with torch.device(self.device):
-                model = get_model_class(config.hf_config)(config.hf_config)
+                model = get_model_class(config.hf_config)(config.hf_config, quant_config)
         finally:
             torch.set_default_dtype(default_dtype)
         if config.load_format == "dummy":

@@ -51,6 +51,11 @@ def load_model(model: nn.Module, model_dir: str) -> None:
     for ckpt_name, tensor in iterate_tensors(model_dir):
         name, shard_id = _target(model, ckpt_name)
         if name not in params:
+            if ckpt_name.endswith(".qweight"):
+                raise ValueError(f"checkpoint {model_dir} is quantized ({ckpt_name}) but its config has no "
+                                 f"quantization_config (and there is no quant_config.json): restore it, e.g. "
+                                 f'{{"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": true, '
+                                 f'"version": "gemm"}}')
             continue   # e.g. rotary inv_freq buffers, or lm_head.weight of a tied model
         param = params[name]
         loader = getattr(param, "weight_loader", None)
@@ -89,7 +94,11 @@ def _copy_checked(param: nn.Parameter, tensor: torch.Tensor, name: str) -> None:
 def load_dummy(model: nn.Module, seed: int) -> None:
     """Random weights for benchmarks without downloads (vLLM's load_format='dummy'): norms stay 1."""
     for i, (name, param) in enumerate(model.named_parameters()):
-        if "norm" in name or not param.dtype.is_floating_point:
+        if "norm" in name:
             continue
         gen = torch.Generator(device=param.device).manual_seed(seed + i)
-        param.data.normal_(0.0, 0.02, generator=gen)
+        if param.dtype.is_floating_point:
+            # AWQ scales multiply (q - z) in [-15, 15]: a tenth of the std keeps weights near 0.02 too
+            param.data.normal_(0.0, 0.002 if name.endswith(".scales") else 0.02, generator=gen)
+        else:   # packed 4-bit weights: any bit pattern is a valid weight
+            param.data.random_(-2**31, 2**31 - 1, generator=gen)

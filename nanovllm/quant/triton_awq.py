@@ -1,0 +1,74 @@
+"""Fused AWQ dequant-GEMM in Triton: y [M, N] = x [M, K] @ W [K, N], W never materialized.
+
+Each program computes a [BLOCK_M, BLOCK_N] tile of y. For each K tile it loads the packed int32 words
+(each word serves eight output columns), shifts out the 4-bit values in AutoAWQ's order
+(column j of eight sits at bit shift 4 * (4 * (j % 2) + j // 2), which is AWQ_SHIFTS), subtracts the group's zero point,
+multiplies by the group's scale, and feeds the tile to tl.dot in the activation dtype; accumulation in
+float32. For few tokens (decode) the K loop is split over SPLIT_K programs that add their partial sums
+atomically into a float32 buffer, so the weight read is spread over the whole GPU.
+Reference: `awq_gemm_ref` (dequantize, then matmul).
+"""
+import torch
+import triton
+import triton.language as tl
+
+from nanovllm.quant.awq import awq_gemm_ref
+
+__all__ = ["awq_gemm", "awq_gemm_ref"]
+
+
+@triton.jit
+def _awq_gemm_kernel(x_ptr, qweight_ptr, qzeros_ptr, scales_ptr, out_ptr, M, N, K,
+                     stride_xm, stride_qk, stride_zk, stride_sk, stride_om,
+                     GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+    pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    j = offs_n % 8
+    shifts = (4 * (4 * (j % 2) + j // 2))[None, :]                  # AutoAWQ's interleave
+    m_ok, n_ok = offs_m < M, offs_n < N
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    k_per_split = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
+    for k0 in range(pid_k * k_per_split, tl.minimum((pid_k + 1) * k_per_split, K), BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = offs_k < K
+        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=m_ok[:, None] & k_ok[None, :],
+                    other=0.0)
+        wk_mask = k_ok[:, None] & n_ok[None, :]
+        packed = tl.load(qweight_ptr + offs_k[:, None] * stride_qk + (offs_n // 8)[None, :], mask=wk_mask, other=0)
+        groups = offs_k // GROUP_SIZE
+        zeros = tl.load(qzeros_ptr + groups[:, None] * stride_zk + (offs_n // 8)[None, :], mask=wk_mask, other=0)
+        scales = tl.load(scales_ptr + groups[:, None] * stride_sk + offs_n[None, :], mask=wk_mask, other=0.0)
+        q = (packed >> shifts) & 0xF
+        z = (zeros >> shifts) & 0xF
+        w = ((q - z).to(tl.float32) * scales.to(tl.float32)).to(x.dtype)     # [BLOCK_K, BLOCK_N]
+        acc += tl.dot(x, w)
+    out = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
+    mask = m_ok[:, None] & n_ok[None, :]
+    if SPLIT_K == 1:
+        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.atomic_add(out, acc, mask=mask)
+
+
+def awq_gemm(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
+             group_size: int, split_k: int | None = None) -> torch.Tensor:
+    """x [M, K] (bf16 or fp16) -> [M, N] in x's dtype."""
+    M, K = x.shape
+    N = scales.shape[1]
+    assert qweight.shape == (K, N // 8) and qzeros.shape == (K // group_size, N // 8)
+    assert qweight.dtype == qzeros.dtype == torch.int32 and x.stride(-1) == 1
+    block_m = 16 if M <= 16 else (32 if M <= 32 else 64)
+    block_n, block_k = 128, min(64, group_size)
+    grid_mn = triton.cdiv(M, block_m) * triton.cdiv(N, block_n)
+    if split_k is None:      # few tokens: split K until the grid covers the GPU a couple of times
+        split_k = 1 if M > 64 else max(1, min(16, 264 // grid_mn, K // (4 * block_k)))
+    out = torch.zeros(M, N, dtype=torch.float32, device=x.device) if split_k > 1 else \
+        torch.empty(M, N, dtype=x.dtype, device=x.device)
+    grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n), split_k)
+    _awq_gemm_kernel[grid](x, qweight, qzeros, scales, out, M, N, K, x.stride(0), qweight.stride(0),
+                           qzeros.stride(0), scales.stride(0), out.stride(0), GROUP_SIZE=group_size,
+                           BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k,
+                           num_warps=4, num_stages=3)
+    return out.to(x.dtype) if split_k > 1 else out
