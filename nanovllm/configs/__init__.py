@@ -1,5 +1,8 @@
 """Shipped config.json files of real architectures, for load_format='dummy' runs without downloads."""
+import json
 import os
+import shutil
+import tempfile
 
 CONFIGS_DIR = os.path.dirname(__file__)
 
@@ -11,3 +14,19 @@ def shipped_config_dir(name: str) -> str:
         names = sorted(d for d in os.listdir(CONFIGS_DIR) if os.path.isdir(os.path.join(CONFIGS_DIR, d)))
         raise ValueError(f"no shipped config {name!r}; shipped: {names}")
     return path
+
+
+def with_awq_config(model_dir: str, group_size: int = 128) -> str:
+    """A temporary copy of model_dir's config.json declaring AutoAWQ 4-bit GEMM weights, for running AWQ
+    shapes with load_format='dummy'."""
+    out = tempfile.mkdtemp(prefix="awq-dummy-")
+    for name in os.listdir(model_dir):
+        if name.endswith(".json") and "safetensors" not in name:
+            shutil.copy(os.path.join(model_dir, name), out)
+    with open(os.path.join(out, "config.json")) as f:
+        config = json.load(f)
+    config["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": group_size,
+                                     "zero_point": True, "version": "gemm", "modules_to_not_convert": None}
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(config, f)
+    return out

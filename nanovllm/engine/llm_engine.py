@@ -135,8 +135,13 @@ class LLMEngine:
             seqs[row].prompt_logprobs[position:position + len(entries)] = entries
 
     def _check_stop(self, seq: Sequence) -> bool:
+        """Called once per new token (its value known): timing, then the stop conditions."""
+        now = time.perf_counter()
+        if seq.first_token_time is None:
+            seq.first_token_time = now
         reason = self.stop_reason(seq)
         if reason:
+            seq.finish_time = now
             self.scheduler.finish(seq, reason)
         return bool(reason)
 
@@ -169,7 +174,9 @@ class LLMEngine:
         out = {"text": self.detokenize(seq.completion_token_ids) if text is None else text,
                "token_ids": seq.completion_token_ids, "prompt_token_ids": seq.prompt_token_ids,
                "finish_reason": seq.finish_reason, "num_cached_tokens": seq.num_cached_tokens,
-               "logprobs": None, "prompt_logprobs": None}
+               "logprobs": None, "prompt_logprobs": None,
+               "metrics": {"arrival_time": seq.arrival_time, "first_token_time": seq.first_token_time,
+                           "finish_time": seq.finish_time}}
         if params.logprobs is not None:
             out["logprobs"] = seq.logprobs
             out["cumulative_logprob"] = sum(d[t] for d, t in zip(seq.logprobs, seq.completion_token_ids))

@@ -1,4 +1,5 @@
 """One request: its tokens, sampling settings, KV block table and progress counters."""
+import time
 from copy import copy
 from enum import Enum, auto
 from itertools import count
@@ -31,6 +32,9 @@ class Sequence:
         self.sampling_params = sampling_params
         self.finish_reason: str | None = None
         self.generator = None          # per-request torch.Generator when a seed is given
+        self.arrival_time = time.perf_counter()
+        self.first_token_time: float | None = None
+        self.finish_time: float | None = None
         self.logprobs: list[dict[int, float]] = []            # one per generated token, when asked
         self.prompt_logprobs: list[dict[int, float] | None] = [None] * len(token_ids)
 

@@ -161,8 +161,30 @@ def calibration_ids(tokenizer, path: str | None, max_tokens: int) -> torch.Tenso
     return torch.tensor([ids[:max_tokens]])
 
 
-def main():
+def quantize_checkpoint(model_dir: str, out_dir: str, method: str = "awq", group_size: int = 128,
+                        calib: str | None = None, calib_tokens: int = 512) -> str:
+    """Write an AWQ (GEMM format) copy of the checkpoint in model_dir to out_dir."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    ids = calibration_ids(AutoTokenizer.from_pretrained(model_dir), calib, calib_tokens)
+    tensors = quantize_model(model, ids, group_size, method)
+    os.makedirs(out_dir, exist_ok=True)
+    save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(model_dir, "config.json")) as f:
+        config = json.load(f)
+    config.pop("torch_dtype", None)
+    config["dtype"] = "float16"
+    config["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": group_size,
+                                     "zero_point": True, "version": "gemm", "modules_to_not_convert": None}
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    for name in os.listdir(model_dir):
+        if name.startswith(("tokenizer", "generation_config", "special_tokens", "vocab", "merges", "chat_template")):
+            shutil.copy(os.path.join(model_dir, name), out_dir)
+    return out_dir
+
+
+def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True)
     parser.add_argument("--out", required=True)
@@ -171,22 +193,7 @@ def main():
     parser.add_argument("--calib", default=None, help="a text file or a JSON list of token ids")
     parser.add_argument("--calib-tokens", type=int, default=512)
     args = parser.parse_args()
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
-    ids = calibration_ids(AutoTokenizer.from_pretrained(args.model), args.calib, args.calib_tokens)
-    tensors = quantize_model(model, ids, args.group_size, args.method)
-    os.makedirs(args.out, exist_ok=True)
-    save_file(tensors, os.path.join(args.out, "model.safetensors"), metadata={"format": "pt"})
-    with open(os.path.join(args.model, "config.json")) as f:
-        config = json.load(f)
-    config.pop("torch_dtype", None)
-    config["dtype"] = "float16"
-    config["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": args.group_size,
-                                     "zero_point": True, "version": "gemm", "modules_to_not_convert": None}
-    with open(os.path.join(args.out, "config.json"), "w") as f:
-        json.dump(config, f, indent=2)
-    for name in os.listdir(args.model):
-        if name.startswith(("tokenizer", "generation_config", "special_tokens", "vocab", "merges", "chat_template")):
-            shutil.copy(os.path.join(args.model, name), args.out)
+    quantize_checkpoint(args.model, args.out, args.method, args.group_size, args.calib, args.calib_tokens)
     print(f"wrote {args.out} ({args.method}, group size {args.group_size})")
 
 

@@ -8,9 +8,7 @@ import argparse
 import json
 import os
 import random
-import shutil
 import sys
-import tempfile
 import time
 
 import torch
@@ -18,19 +16,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from bench import workload  # noqa: E402
 from nanovllm import LLM, SamplingParams  # noqa: E402
-from nanovllm.configs import shipped_config_dir  # noqa: E402
-
-
-def awq_config_dir(name: str, group_size: int = 128) -> str:
-    out = tempfile.mkdtemp(prefix=f"{name}-awq-")
-    shutil.copy(os.path.join(shipped_config_dir(name), "config.json"), out)
-    with open(os.path.join(out, "config.json")) as f:
-        config = json.load(f)
-    config["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": group_size,
-                                     "zero_point": True, "version": "gemm", "modules_to_not_convert": None}
-    with open(os.path.join(out, "config.json"), "w") as f:
-        json.dump(config, f)
-    return out
+from nanovllm.configs import shipped_config_dir, with_awq_config  # noqa: E402
 
 
 def linear_weight_bytes(llm: LLM) -> int:
@@ -70,7 +56,8 @@ def main():
     parser.add_argument("--num-seqs", type=int, default=256)
     args = parser.parse_args()
     random.seed(0)
-    path = awq_config_dir(args.model) if args.weights == "awq" else shipped_config_dir(args.model)
+    path = shipped_config_dir(args.model)
+    path = with_awq_config(path) if args.weights == "awq" else path
     llm = LLM(path, load_format="dummy", dtype="bfloat16", max_model_len=4096, max_num_seqs=max(args.num_seqs, 1))
     record = {"model": args.model, "weights": args.weights, "gpu": torch.cuda.get_device_name(),
               "linear_weight_bytes": linear_weight_bytes(llm), "tpot_ms_batch1": tpot_batch1(llm),

@@ -1,0 +1,33 @@
+"""The repository's scripts run end to end on CPU: regression_test.sh and bench_sharegpt.py."""
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_regression_script_passes_every_case():
+    out = subprocess.run(["bash", "regression_test.sh"], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert lines[-1] == "8 passed, 0 failed, 0 skipped"
+    assert [line[:8] for line in lines[:-1]] == [f"[PASS] {c}" for c in "ABCDEFGH"]
+
+
+def test_regression_script_reports_a_failure(tmp_path):
+    out = subprocess.run(["bash", "regression_test.sh", "Z"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and out.stdout.strip().splitlines()[-1] == "0 passed, 1 failed, 0 skipped"
+
+
+def test_bench_sharegpt_compares_configs(tmp_path):
+    out_file = tmp_path / "sg.json"
+    subprocess.run([sys.executable, "bench_sharegpt.py", "--model", "nanovllm/demo/zen-qwen3", "--num-prompts", "4",
+                    "--max-model-len", "1024", "--configs", "bf16", "int8", "--out", str(out_file)], cwd=ROOT,
+                   check=True, capture_output=True, timeout=600)
+    result = json.loads(out_file.read_text())
+    bf16, int8 = result["configs"]
+    assert bf16["num_requests"] == int8["num_requests"] == 4
+    assert bf16["output_tokens"] == int8["output_tokens"]       # reply lengths, forced with ignore_eos
+    assert int8["kv_capacity_tokens"] > 1.7 * bf16["kv_capacity_tokens"]
+    assert 0 < bf16["ttft_mean_s"] <= bf16["ttft_p99_s"] and 0 < bf16["tpot_mean_s"]
