@@ -5,9 +5,10 @@ the first human turn is the prompt and the reply's token count is the output len
 convention; ignore_eos so every request produces it). By default it reads the small sample made for this
 repository (nanovllm/data/sharegpt_format_sample.json, NOT the real ShareGPT data: pass that with
 --dataset). The AWQ configuration uses --awq-model, or random AWQ weights for a dummy model, or quantizes
-the model first (python -m nanovllm.quant.awq_quantize). Each configuration (bf16 / int8 / fp8 KV cache, AWQ weights) runs in its own process and
-reports throughput, TTFT and TPOT (mean and p99), KV capacity in tokens and peak memory. Writes JSON (and
-a PNG chart when matplotlib is installed) under benchmark_results/sharegpt/.
+the model first (python -m nanovllm.quant.awq_quantize). Each configuration (bf16 / int8 / fp8 KV cache,
+AWQ weights) runs in its own process and reports throughput, TTFT and TPOT (mean and p99), KV capacity in
+tokens and peak memory. Writes JSON (and a PNG chart when matplotlib is installed) under
+benchmark_results/sharegpt/.
 """
 import argparse
 import json
@@ -50,10 +51,11 @@ def percentile(values: list[float], q: float) -> float:
 
 def run_one(args) -> dict:
     import torch
+
     from nanovllm import LLM, SamplingParams
     from nanovllm.configs import with_awq_config
-    from nanovllm.quant.awq_quantize import quantize_checkpoint
     from nanovllm.demo.byte_tokenizer import build_byte_tokenizer
+    from nanovllm.quant.awq_quantize import quantize_checkpoint
     settings = dict(CONFIGS[args.run_one])
     model = args.model
     if settings.pop("awq", False):     # an AWQ checkpoint given, random AWQ weights, or one quantized now

@@ -5,9 +5,9 @@ import random
 
 import pytest
 import torch
+from tiny_models import make_tiny_model
 
 from nanovllm import LLM, SamplingParams
-from tiny_models import make_tiny_model
 
 
 @pytest.fixture(scope="module")

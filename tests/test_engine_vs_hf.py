@@ -3,11 +3,11 @@ import random
 
 import pytest
 import torch
+from tiny_models import hf_greedy, hf_logits, make_tiny_model
 
 from nanovllm import LLM, SamplingParams
 from nanovllm.engine.scheduler import ScheduledBatch
 from nanovllm.engine.sequence import Sequence
-from tiny_models import hf_greedy, hf_logits, make_tiny_model
 
 CONFIGS = {
     "mha-hd64": dict(num_heads=4, num_kv_heads=4, head_dim=64),

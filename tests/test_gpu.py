@@ -3,10 +3,10 @@ import random
 
 import pytest
 import torch
+from tiny_models import hf_greedy, make_tiny_model
 
 from nanovllm import LLM, SamplingParams
 from nanovllm.demo import DEMO_MODEL_DIR
-from tiny_models import hf_greedy, make_tiny_model
 
 pytestmark = pytest.mark.cuda
 

@@ -5,9 +5,9 @@ import os
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from tiny_models import hf_greedy, make_tiny_model
 
 from nanovllm import LLM, SamplingParams
-from tiny_models import hf_greedy, make_tiny_model
 
 KW = dict(kvcache_block_size=16, num_kvcache_blocks=32, max_model_len=128)
 

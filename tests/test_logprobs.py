@@ -4,10 +4,10 @@ import random
 
 import pytest
 import torch
+from tiny_models import make_tiny_model
 
 from nanovllm import LLM, SamplingParams
 from nanovllm.tools.perplexity import perplexity, windows
-from tiny_models import make_tiny_model
 
 
 @pytest.fixture(scope="module")

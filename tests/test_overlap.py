@@ -4,11 +4,11 @@ import random
 from dataclasses import dataclass
 
 import pytest
+from tiny_models import make_tiny_model
 
 from nanovllm import LLM, SamplingParams
 from nanovllm.engine.logprobs import StepLogprobs
 from nanovllm.engine.sequence import PLACEHOLDER
-from tiny_models import make_tiny_model
 
 EOS = 256
 

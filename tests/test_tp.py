@@ -7,9 +7,9 @@ import textwrap
 import time
 
 import pytest
+from tiny_models import hf_greedy, make_tiny_model
 
 from nanovllm import LLM, SamplingParams
-from tiny_models import hf_greedy, make_tiny_model
 
 KW = dict(kvcache_block_size=16, max_model_len=256)
 

@@ -79,11 +79,11 @@ def _combine_kernel(part_acc_ptr, part_ml_ptr, out_ptr, stride_ot, stride_oh,
     seq, head = tl.program_id(0), tl.program_id(1)
     rows = (seq * tl.num_programs(1) + head) * NUM_SPLITS + tl.arange(0, NUM_SPLITS)
     m = tl.load(part_ml_ptr + rows * 2)
-    l = tl.load(part_ml_ptr + rows * 2 + 1)
+    l_sum = tl.load(part_ml_ptr + rows * 2 + 1)
     m_max = tl.max(m, 0)
     w = tl.where(m > float("-inf"), tl.exp2(m - m_max), 0.0)                     # empty splits weigh 0
     acc = tl.load(part_acc_ptr + rows[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :])
-    out = tl.sum(acc * w[:, None], 0) / tl.sum(l * w, 0)
+    out = tl.sum(acc * w[:, None], 0) / tl.sum(l_sum * w, 0)
     tl.store(out_ptr + seq * stride_ot + head * stride_oh + tl.arange(0, HEAD_DIM),
              out.to(out_ptr.dtype.element_ty))
 

@@ -91,5 +91,6 @@ def prefill_attention(q: torch.Tensor, cache: LayerKVCache, block_tables: torch.
                           block_tables.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
                           k_scale.stride(1) if cache.quantized else 0, QUANT=cache.quantized,
                           GROUP=num_heads // num_kv_heads, BLOCK_SIZE=block_size, HEAD_DIM=head_dim,
-                          BLOCK_M=block_m, BLOCK_N=block_n, DOT_PRECISION=dot_precision(q.dtype), num_warps=4, num_stages=2)
+                          BLOCK_M=block_m, BLOCK_N=block_n, DOT_PRECISION=dot_precision(q.dtype),
+                          num_warps=4, num_stages=2)
     return out

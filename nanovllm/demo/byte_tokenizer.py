@@ -1,6 +1,4 @@
 """A byte-level tokenizer (one token per byte, plus chat special tokens) in Hugging Face's format."""
-import json
-import os
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast

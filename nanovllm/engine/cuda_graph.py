@@ -5,12 +5,12 @@ run. A graph records the launches once and replays them with one call. Everythin
 at a fixed address, so the step's inputs are written into pinned host buffers and copied into fixed
 device buffers (two copies per step, no new tensors). The host buffers come in pairs used in turn: with
 overlapped steps, the copy of step N-1 may not have run yet when step N's inputs are written. An input
-token still on the GPU (a placeholder on the host) is gathered from the previous step's sampled ids. Batch sizes 1, 2, 4, 8, then every 16 up to
-max_num_seqs (always included) are captured; a batch runs on the next larger graph, its padding rows
-having slot -1 (nothing written) and context length 0 (nothing read). Block-table rows are rewritten in
+token still on the GPU (a placeholder on the host) is gathered from the previous step's sampled ids.
+Batch sizes 1, 2, 4, 8, then every 16 up to max_num_seqs (always included) are captured; a batch runs on
+the next larger graph, its padding rows having slot -1 (nothing written) and context length 0 (nothing
+read). Block-table rows are rewritten in
 full each step, so no stale entry survives from an earlier batch.
 """
-import numpy as np
 import torch
 
 from nanovllm.attention.metadata import AttentionMetadata, use_metadata

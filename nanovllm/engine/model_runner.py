@@ -11,12 +11,18 @@ from nanovllm.attention.backend import get_attention_backend
 from nanovllm.attention.metadata import AttentionMetadata, use_metadata
 from nanovllm.config import Config
 from nanovllm.engine.cuda_graph import DecodeGraphs
-from nanovllm.engine.logprobs import StepLogprobs, prompt_logprobs, sampled_dicts, sampled_logprobs
+from nanovllm.engine.logprobs import (
+    StepLogprobs,
+    prompt_logprobs,
+    sampled_dicts,
+    sampled_logprobs,
+)
+from nanovllm.engine.sampling_inputs import SamplingInputs
 from nanovllm.engine.scheduler import ScheduledBatch
-from nanovllm.engine.tp_worker import WorkerGroup
 from nanovllm.engine.sequence import Sequence
+from nanovllm.engine.tp_worker import WorkerGroup
 from nanovllm.layers.attention import Attention
-from nanovllm.layers.sampler import Sampler, SamplingTensors
+from nanovllm.layers.sampler import Sampler
 from nanovllm.models import get_model_class
 from nanovllm.quant import kv as kv_quant
 from nanovllm.quant.awq import read_awq_config
@@ -67,11 +73,7 @@ class ModelRunner:
         for layer in self.attention_layers:
             layer.backend = self.backend
         self.sampler = Sampler()
-        self._sampling_key, self._sampling_tensors = None, None
-        if self.device.type == "cuda":
-            self._sampling_hosts = [torch.zeros(4, config.max_num_seqs, pin_memory=True) for _ in range(2)]
-            self._sampling_device = torch.zeros(4, config.max_num_seqs, device=self.device)
-            self._sampling_turn = 0
+        self.sampling_inputs = SamplingInputs(config.max_num_seqs, self.device, hf.vocab_size)
         self.vocab_size = hf.vocab_size
         self.num_kvcache_blocks = self._decide_num_blocks()
         self._allocate_kv_cache(self.num_kvcache_blocks)
@@ -206,37 +208,6 @@ class ModelRunner:
         pos = torch.from_numpy(np.concatenate(positions)).to(**to)
         return ids, pos, meta, sample_rows
 
-    def sampling_tensors(self, seqs: list[Sequence]) -> SamplingTensors:
-        """Built once per batch composition: consecutive decode steps of the same sequences reuse it."""
-        key = tuple(seq.seq_id for seq in seqs)
-        if key != self._sampling_key:
-            self._sampling_key, self._sampling_tensors = key, self._build_sampling_tensors(seqs)
-        return self._sampling_tensors
-
-    def _build_sampling_tensors(self, seqs: list[Sequence]) -> SamplingTensors:
-        """On CUDA the values go through pinned staging buffers (two, used in turn) with an asynchronous
-        copy: a copy from pageable memory would wait for the GPU and stall the overlapped pipeline."""
-        params = [seq.sampling_params for seq in seqs]
-        for seq in seqs:
-            if seq.sampling_params.seed is not None and seq.generator is None:
-                seq.generator = torch.Generator(device=self.device).manual_seed(seq.sampling_params.seed)
-        n = len(seqs)
-        values = torch.tensor([[p.temperature for p in params],
-                               [p.top_k if p.top_k > 0 else self.vocab_size for p in params],
-                               [p.top_p for p in params], [p.min_p for p in params]], dtype=torch.float32)
-        if self.device.type == "cuda":
-            staging = self._sampling_hosts[self._sampling_turn][:, :n]
-            self._sampling_turn ^= 1
-            staging.copy_(values)
-            values = self._sampling_device[:, :n]
-            values.copy_(staging, non_blocking=True)
-        temperatures, top_ks, top_ps, min_ps = values
-        return SamplingTensors(
-            temperatures=temperatures, top_ks=top_ks, top_ps=top_ps, min_ps=min_ps,
-            generators=[seq.generator for seq in seqs],
-            needs_filter=any(p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0 for p in params),
-            all_greedy=all(p.greedy for p in params))
-
     def _forward(self, batch: ScheduledBatch):
         """Hidden states, the batch rows to sample, and the metadata (None on a CUDA graph, where every
         row samples and the hidden states are already those of the last tokens)."""
@@ -295,7 +266,7 @@ class ModelRunner:
         if sample_rows:
             seqs = [batch.seqs[i] for i in sample_rows]
             logits = self.model.compute_logits(hidden_states)
-            sampled = self.sampler(logits, self.sampling_tensors(seqs))
+            sampled = self.sampler(logits, self.sampling_inputs.tensors(seqs))
             wanted = sampled_logprobs(logits, sampled, batch.seqs, sample_rows)
             for row, token_id in zip(sample_rows, sampled.tolist()):
                 token_ids[row] = token_id
@@ -317,7 +288,7 @@ class ModelRunner:
     @torch.inference_mode()
     def _launch(self, batch: ScheduledBatch, prev: PendingStep | None) -> PendingStep:
         logits = self.model.compute_logits(self.graphs.run(batch.seqs, prev))
-        token_ids = self.sampler(logits, self.sampling_tensors(batch.seqs))
+        token_ids = self.sampler(logits, self.sampling_inputs.tensors(batch.seqs))
         if self.config.tensor_parallel_size > 1:
             dist.broadcast(token_ids, src=0)       # every rank feeds rank 0's samples to the next step
         wanted = sampled_logprobs(logits, token_ids, batch.seqs, list(range(len(batch.seqs))))

@@ -6,7 +6,6 @@ from itertools import count
 
 from nanovllm.sampling_params import SamplingParams
 
-
 PLACEHOLDER = -1   # a token sampled on the GPU whose value the host has not read yet (overlapped decode)
 
 

@@ -3,7 +3,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nanovllm.utils.distributed import all_gather_last_dim, all_reduce, get_tp_rank, get_tp_size
+from nanovllm.utils.distributed import (
+    all_gather_last_dim,
+    all_reduce,
+    get_tp_rank,
+    get_tp_size,
+)
 
 
 class VocabParallelEmbedding(nn.Module):

@@ -49,7 +49,7 @@ def union_length(spans: list[tuple[float, float]]) -> float:
 def requests(args) -> list[tuple[list[int], int]]:
     random.seed(0)
     if args.bench_workload:
-        from bench import workload   # the repository root's bench.py
+        from bench import workload  # the repository root's bench.py
         return list(zip(*workload(args.num_seqs, 1024, 1024)))
     return [([random.randint(0, 10000) for _ in range(args.prompt_len)], args.steps * 3)
             for _ in range(args.num_seqs)]
@@ -88,7 +88,8 @@ def main():
     spans = busy_intervals(prof)
     window = spans[-1][1] - spans[0][0]
     busy = union_length(spans)
-    record = {"num_seqs": args.num_seqs, "steps": args.steps, "bench_workload": args.bench_workload, "wall_ms_per_step": 1e3 * wall / args.steps,
+    record = {"num_seqs": args.num_seqs, "steps": args.steps, "bench_workload": args.bench_workload,
+              "wall_ms_per_step": 1e3 * wall / args.steps,
               "gpu_busy_ms_per_step": busy / 1e3 / args.steps, "idle_fraction": round(1 - busy / window, 4),
               "enforce_eager": args.enforce_eager, "gpu": torch.cuda.get_device_name(),
               "top_kernels_ms_per_step": top_kernels(prof, args.steps)}

@@ -2,12 +2,11 @@
 import json
 import os
 
-import torch
 from safetensors.torch import load_file, save_file
+from tiny_models import make_tiny_model
 
 from nanovllm.quant.awq import dequantize_awq
 from nanovllm.quant.awq_quantize import quantize_model
-from tiny_models import make_tiny_model
 
 GROUP = 32
 

@@ -4,12 +4,18 @@ import os
 
 import pytest
 import torch
+from tiny_models import hf_greedy, hf_logits
 
 from awq.awq_models import GROUP, dequantized_hf, make_awq_model
 from nanovllm import LLM, SamplingParams
-from nanovllm.quant.awq import AWQConfig, awq_gemm_ref, dequantize_awq, pack_awq, unpack_awq
+from nanovllm.quant.awq import (
+    AWQConfig,
+    awq_gemm_ref,
+    dequantize_awq,
+    pack_awq,
+    unpack_awq,
+)
 from nanovllm.quant.awq_quantize import fake_quantize, quantize_rtn, to_awq_tensors
-from tiny_models import hf_greedy, hf_logits
 
 KW = dict(kvcache_block_size=16, num_kvcache_blocks=64, max_model_len=256)
 
@@ -155,9 +161,11 @@ def plant_outliers(hf, channels=(3, 17, 40, 51), factor=30.0):
 
 
 def test_awq_beats_rtn_with_outlier_channels(tmp_path):
-    from tiny_models import make_tiny_model
-    from nanovllm.quant.awq_quantize import quantize_model
     import copy
+
+    from tiny_models import make_tiny_model
+
+    from nanovllm.quant.awq_quantize import quantize_model
     base = plant_outliers(make_tiny_model(str(tmp_path / "fp"), num_heads=4, num_kv_heads=2, head_dim=32))
     g = torch.Generator().manual_seed(0)
     calib = torch.randint(0, 256, (1, 256), generator=g)
@@ -185,6 +193,7 @@ def test_awq_beats_rtn_with_outlier_channels(tmp_path):
 def test_quantizer_cli_writes_a_loadable_checkpoint(tmp_path):
     import subprocess
     import sys
+
     from tiny_models import make_tiny_model
     make_tiny_model(str(tmp_path / "fp"), num_heads=4, num_kv_heads=2, head_dim=32)
     subprocess.run([sys.executable, "-m", "nanovllm.quant.awq_quantize", "--model", str(tmp_path / "fp"), "--out",

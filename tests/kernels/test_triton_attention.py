@@ -1,8 +1,8 @@
 """Triton attention kernels against the plain-PyTorch reference (CPU: interpreter, tiny; GPU: real sizes)."""
 import pytest
 import torch
-
 from kernels.attention_cases import make_case, slots_for
+
 from nanovllm.attention.torch_ref import paged_attention_ref, store_kv_ref
 from nanovllm.quant.kv import LayerKVCache, dequantize_ref, quantize_ref
 
@@ -41,7 +41,8 @@ def test_store_kv_matches_reference(dtype, heads, kv_cache_dtype):
     width = heads[1] * 32
     qkv = torch.randn(len(slots), 3 * width, dtype=dtype, device=DEVICE) * 3
     k, v = qkv[:, :width].view(-1, heads[1], 32), qkv[:, width:2 * width].view(-1, heads[1], 32)
-    ref = LayerKVCache(*(t.clone() if t is not None else None for t in (cache.k, cache.v, cache.k_scale, cache.v_scale)))
+    ref = LayerKVCache(*(t.clone() if t is not None else None
+                         for t in (cache.k, cache.v, cache.k_scale, cache.v_scale)))
     store_kv_ref(k, v, ref, slots)
     store_kv(k, v, cache, slots)
     if kv_cache_dtype == "auto":

@@ -49,7 +49,6 @@ def main():
                         "ms": ms, "bytes": nbytes, "tb_per_s": nbytes / ms / 1e9, "gpu": torch.cuda.get_device_name(),
                         "date": datetime.now(timezone.utc).isoformat(timespec="seconds")})
         print(json.dumps(records[-1]))
-        del cache
     os.makedirs("benchmark_results/kv_int8_cache", exist_ok=True)
     with open(f"benchmark_results/kv_int8_cache/decode-attention-b{args.batch}-c{args.context}.json", "w") as f:
         json.dump(records, f, indent=2)

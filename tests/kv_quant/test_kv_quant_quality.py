@@ -1,11 +1,11 @@
 """INT8/FP8 KV caches on CPU: capacity, agreement with the model-dtype cache, and the same engine features."""
 import pytest
 import torch
+from tiny_models import make_tiny_model
 
 from kv_quant.verify_kv_quant import compare, demo_prompts, teacher_forced_logprobs
 from nanovllm import LLM, SamplingParams
 from nanovllm.demo import DEMO_MODEL_DIR
-from tiny_models import make_tiny_model
 
 KW = dict(max_model_len=512, kvcache_block_size=16)
 
