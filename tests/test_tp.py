@@ -120,3 +120,10 @@ def test_tp2_with_int8_kv_cache(tmp_path):
         assert [o["token_ids"] for o in generate(llm, ps)] == [o["token_ids"] for o in tp1]
     finally:
         llm.shutdown()
+
+
+def test_failed_start_leaves_no_worker(tmp_path):
+    make_tiny_model(str(tmp_path))
+    with pytest.raises(ValueError, match="max_model_len"):
+        LLM(str(tmp_path), num_kvcache_blocks=2, tensor_parallel_size=2, **KW)    # cache too small
+    assert multiprocessing.active_children() == []

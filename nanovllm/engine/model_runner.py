@@ -57,6 +57,13 @@ class ModelRunner:
         self.workers = None
         if config.tensor_parallel_size > 1 and not dist.is_initialized():
             self.workers = WorkerGroup(config)     # rank 0: spawn ranks 1..N-1, join the process group
+        try:
+            self._setup(config)
+        except BaseException:
+            self.shutdown()                        # a failed start leaves no worker behind
+            raise
+
+    def _setup(self, config: Config) -> None:
         self.rank = get_tp_rank()
         self.device = torch.device("cuda", self.rank) if config.device == "cuda" else config.torch_device
         self.block_size = config.kvcache_block_size
