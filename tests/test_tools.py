@@ -31,3 +31,15 @@ def test_bench_sharegpt_compares_configs(tmp_path):
     assert bf16["output_tokens"] == int8["output_tokens"]       # reply lengths, forced with ignore_eos
     assert int8["kv_capacity_tokens"] > 1.7 * bf16["kv_capacity_tokens"]
     assert 0 < bf16["ttft_mean_s"] <= bf16["ttft_p99_s"] and 0 < bf16["tpot_mean_s"]
+
+
+def test_readme_tables_come_from_the_json(tmp_path):
+    from nanovllm.tools.render_results import END, START, render
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{START}\nstale\n{END}\noutro\n")
+    render(str(readme), os.path.join(ROOT, "benchmark_results"))
+    text = readme.read_text()
+    assert "stale" not in text and text.startswith("intro") and text.endswith("outro\n")
+    with open(os.path.join(ROOT, "benchmark_results", "bench", "nanovllm-Qwen3-0.6B-auto-tp1.json")) as f:
+        record = json.load(f)
+    assert f"{record['tokens_per_s']:,.0f}" in text

@@ -39,6 +39,18 @@ def profile_rows(root: str) -> list[str]:
     return rows
 
 
+def quality_rows(root: str) -> list[str]:
+    rows = ["| KV cache | model | device | greedy agreement | teacher-forced top-1 | mean KL | capacity x | file |",
+            "|---|---|---|---|---|---|---|---|"]
+    for path in sorted(glob.glob(os.path.join(root, "kv_int8_cache", "quality-*.json"))):
+        with open(path) as f:
+            r = json.load(f)
+        rows.append(f"| {r['kv_cache_dtype']} | {r['model']} | {r['device']} | {r['greedy_token_agreement']:.3f} | "
+                    f"{r['teacher_forced_top1_agreement']:.4f} | {r['teacher_forced_mean_kl']:.1e} | "
+                    f"{r['kv_capacity_ratio']:.2f} | `{os.path.relpath(path, os.path.dirname(root))}` |")
+    return rows if len(rows) > 2 else []
+
+
 def render(readme: str = "README.md", root: str = "benchmark_results") -> None:
     with open(readme) as f:
         text = f.read()
@@ -46,7 +58,7 @@ def render(readme: str = "README.md", root: str = "benchmark_results") -> None:
         raise ValueError(f"{readme} lacks the markers {START} and {END}")
     head, rest = text.split(START, 1)
     _, tail = rest.split(END, 1)
-    table = "\n".join(bench_rows(root) + [""] + profile_rows(root))
+    table = "\n".join(bench_rows(root) + [""] + profile_rows(root) + [""] + quality_rows(root))
     with open(readme, "w") as f:
         f.write(f"{head}{START}\n{table}\n{END}{tail}")
 
