@@ -9,7 +9,6 @@ collective fail, and rank 0 raises the worker's error. Workers are daemon proces
 (also run by `del llm` and at interpreter exit) ends them and the process group.
 """
 import atexit
-import logging
 import multiprocessing as mp
 import queue
 import socket
@@ -19,7 +18,6 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-logger = logging.getLogger(__name__)
 TIMEOUT = timedelta(minutes=10)   # a collective that waits this long on a silent peer fails
 
 
