@@ -18,6 +18,18 @@ import torch
 from nanovllm.configs import shipped_config_dir
 
 DEFAULT_MODEL = "~/huggingface/Qwen3-0.6B/"
+HBM_BYTES_PER_S = 4.3e12     # H200 device-to-device copy rate measured on the device machine
+
+
+def kv_read_bytes(model_dir: str, prompts: list[list[int]], max_tokens: list[int], kv_cache_dtype: str) -> float:
+    """Bytes of K/V every decode step must read, summed over the run: each step reads each running
+    sequence's whole context once (the decode floor, before weights)."""
+    from nanovllm.config import load_hf_config
+    cfg = load_hf_config(model_dir)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    value_bytes = 2 if kv_cache_dtype == "auto" else 1 + 4 / head_dim      # 1-byte values + a float32 scale
+    per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * value_bytes
+    return per_token * sum(len(p) * (n - 1) + (n - 1) * n / 2 for p, n in zip(prompts, max_tokens))
 
 
 def workload(num_seqs: int, max_input_len: int, max_output_len: int):
@@ -112,11 +124,13 @@ def main():
     prompts, max_tokens = workload(args.num_seqs, args.max_input_len, args.max_output_len)
     run = run_nanovllm if args.engine == "nanovllm" else run_hf
     result = run(args, model, load_format, prompts, max_tokens)
+    floor_s = kv_read_bytes(model, prompts, max_tokens, args.kv_cache_dtype) / HBM_BYTES_PER_S
     record = {
         "engine": args.engine, "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "model": os.path.basename(os.path.normpath(model)), "load_format": load_format,
         "num_seqs": args.num_seqs, "prompt_tokens": sum(map(len, prompts)), **result,
         "tokens_per_s": round(result["output_tokens"] / result["seconds"], 1),
+        "kv_read_floor_s": round(floor_s, 3), "seconds_over_kv_floor": round(result["seconds"] / floor_s, 2),
         "settings": {k: v for k, v in vars(args).items() if k not in ("out", "model", "engine")},
         "command": "python " + " ".join(sys.argv), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "versions": {"torch": torch.__version__, "python": sys.version.split()[0]},
