@@ -60,7 +60,8 @@ def run_nanovllm(args, model, load_format, prompts, max_tokens) -> dict:
               max_num_seqs=max(args.num_seqs, 1), attention_backend=args.attention_backend)
     params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=n) for n in max_tokens]
     # warm-up on a slice of the workload itself, so kernel compilation stays out of the timed run
-    llm.generate(prompts[:8], [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=8)] * 8, use_tqdm=False)
+    warm = prompts[:8]
+    llm.generate(warm, [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=8)] * len(warm), use_tqdm=False)
     torch.cuda.synchronize() if torch.cuda.is_available() else None
     llm.stats = dict.fromkeys(llm.stats, 0)
     start = time.perf_counter()

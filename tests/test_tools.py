@@ -43,3 +43,13 @@ def test_readme_tables_come_from_the_json(tmp_path):
     with open(os.path.join(ROOT, "benchmark_results", "bench", "nanovllm-Qwen3-0.6B-auto-tp1.json")) as f:
         record = json.load(f)
     assert f"{record['tokens_per_s']:,.0f}" in text
+
+
+def test_bench_runs_and_records_the_floor(tmp_path):
+    out_file = tmp_path / "bench.json"
+    subprocess.run([sys.executable, "bench.py", "--num-seqs", "2", "--max-input-len", "100", "--max-output-len", "100",
+                    "--max-model-len", "256", "--out", str(out_file)], cwd=ROOT, check=True, capture_output=True,
+                   timeout=600)
+    record = json.loads(out_file.read_text())
+    assert record["output_tokens"] == 200 and record["load_format"] == "dummy"
+    assert record["kv_read_floor_s"] > 0 and record["seconds_over_kv_floor"] > 1
