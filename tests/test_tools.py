@@ -7,16 +7,20 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_regression_script_passes_every_case():
-    out = subprocess.run(["bash", "regression_test.sh"], cwd=ROOT, capture_output=True, text=True, timeout=900)
+def test_regression_script_passes_every_case(tmp_path):
+    env = dict(os.environ, NANOVLLM_REGRESSION_OUT=str(tmp_path))     # keep the committed results as they are
+    out = subprocess.run(["bash", "regression_test.sh"], cwd=ROOT, capture_output=True, text=True, timeout=900,
+                         env=env)
     assert out.returncode == 0, out.stdout + out.stderr
     lines = out.stdout.strip().splitlines()
     assert lines[-1] == "8 passed, 0 failed, 0 skipped"
     assert [line[:8] for line in lines[:-1]] == [f"[PASS] {c}" for c in "ABCDEFGH"]
+    assert sorted(os.listdir(tmp_path)) == [f"case_{c}.json" for c in "ABCDEFGH"]
 
 
 def test_regression_script_reports_a_failure(tmp_path):
-    out = subprocess.run(["bash", "regression_test.sh", "Z"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(["bash", "regression_test.sh", "Z"], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, NANOVLLM_REGRESSION_OUT=str(tmp_path)))
     assert out.returncode != 0 and out.stdout.strip().splitlines()[-1] == "0 passed, 1 failed, 0 skipped"
 
 

@@ -17,7 +17,7 @@ import torch
 from nanovllm import LLM, SamplingParams
 from nanovllm.demo import DEMO_MODEL_DIR
 
-OUT_DIR = os.path.join("benchmark_results", "regression")
+OUT_DIR = os.environ.get("NANOVLLM_REGRESSION_OUT", os.path.join("benchmark_results", "regression"))
 CUDA = torch.cuda.is_available()
 KW = dict(max_model_len=1024, gpu_memory_utilization=0.3)
 ZEN_PROMPTS = ["Beautiful is better than", "Errors should never", "Special cases aren't"]
