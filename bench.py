@@ -6,7 +6,6 @@ decode; throughput = output tokens / seconds. Without a local checkpoint the shi
 runs with random weights (load_format="dummy"), and the output says so.
 """
 import argparse
-import json
 import os
 import random
 import sys
@@ -16,6 +15,7 @@ from datetime import datetime, timezone
 import torch
 
 from nanovllm.configs import shipped_config_dir
+from nanovllm.utils.results import save_record
 
 DEFAULT_MODEL = "~/huggingface/Qwen3-0.6B/"
 HBM_BYTES_PER_S = 4.3e12     # H200 device-to-device copy rate measured on the device machine
@@ -136,13 +136,9 @@ def main():
         "command": "python " + " ".join(sys.argv), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "versions": {"torch": torch.__version__, "python": sys.version.split()[0]},
     }
-    print(json.dumps(record))
-    out = args.out or os.path.join("benchmark_results", "bench",
-                                   f"{args.engine}-{record['model']}-{args.kv_cache_dtype}"
-                                   f"{'-eager' if args.enforce_eager else ''}-tp{args.tensor_parallel_size}.json")
-    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(record, f, indent=2)
+    save_record(record, args.out or os.path.join(
+        "benchmark_results", "bench", f"{args.engine}-{record['model']}-{args.kv_cache_dtype}"
+        f"{'-eager' if args.enforce_eager else ''}-tp{args.tensor_parallel_size}.json"))
 
 
 if __name__ == "__main__":

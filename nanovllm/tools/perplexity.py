@@ -8,13 +8,13 @@ with prompt_logprobs=0; all windows run as one batch.
 Used to compare bf16, quantized KV caches and quantized weights on the same text.
 """
 import argparse
-import json
 import math
 import os
 import sys
 from datetime import datetime, timezone
 
 from nanovllm import LLM, SamplingParams
+from nanovllm.utils.results import save_record
 
 
 def windows(num_tokens: int, max_len: int) -> list[tuple[int, int, int]]:
@@ -66,12 +66,8 @@ def main():
               "device": llm.config.device, "dtype": str(llm.config.dtype).replace("torch.", ""),
               "command": "python -m nanovllm.tools.perplexity " + " ".join(sys.argv[1:]),
               "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-    print(json.dumps(record))
-    out = args.out or os.path.join("benchmark_results", "perplexity",
-                                   f"{record['model']}-{record['text']}-{args.kv_cache_dtype}.json")
-    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(record, f, indent=2)
+    save_record(record, args.out or os.path.join("benchmark_results", "perplexity",
+                                                 f"{record['model']}-{record['text']}-{args.kv_cache_dtype}.json"))
 
 
 if __name__ == "__main__":

@@ -3,9 +3,8 @@
 Figures are never typed by hand: each row is one JSON file written by bench.py (machine, command and date
 inside). The table replaces whatever stands between the two marker comments in README.md.
 """
-import glob
-import json
-import os
+
+from nanovllm.utils.results import load_records
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 KV_BYTES_BENCH = 13.85e12   # KV cache bytes the bench workload's decode reads (Qwen3-0.6B, bf16), see docs
@@ -14,23 +13,19 @@ KV_BYTES_BENCH = 13.85e12   # KV cache bytes the bench workload's decode reads (
 def bench_rows(root: str) -> list[str]:
     rows = ["| engine | model | GPU | KV dtype | output tokens | seconds | tokens/s | date | file |",
             "|---|---|---|---|---|---|---|---|---|"]
-    for path in sorted(glob.glob(os.path.join(root, "bench", "*.json"))):
-        with open(path) as f:
-            r = json.load(f)
+    for path, r in load_records(root, "bench/*.json"):
         model = r["model"] + (" (dummy)" if r.get("load_format") == "dummy" else "")
         rows.append(f"| {r['engine']} | {model} | {r['gpu']} | {r['settings'].get('kv_cache_dtype', 'auto')} "
                     f"| {r['output_tokens']} | {r['seconds']:.2f} | {r['tokens_per_s']:,.0f} | {r['date'][:10]} "
-                    f"| `{os.path.relpath(path, os.path.dirname(root))}` |")
+                    f"| `{path}` |")
     return rows
 
 
 def profile_rows(root: str) -> list[str]:
     rows = []
-    for path in sorted(glob.glob(os.path.join(root, "profile", "*.json"))):
-        with open(path) as f:
-            r = json.load(f)
+    for path, r in load_records(root, "profile/*.json"):
         decode_ms = r["top_kernels_ms_per_step"].get("_decode_kernel", 0.0)
-        line = (f"Decode profile (`{os.path.relpath(path, os.path.dirname(root))}`, {r['gpu']}, {r['steps']} steps): "
+        line = (f"Decode profile (`{path}`, {r['gpu']}, {r['steps']} steps): "
                 f"{r['wall_ms_per_step']:.2f} ms wall per step, {r['gpu_busy_ms_per_step']:.2f} ms GPU busy "
                 f"(idle {100 * r['idle_fraction']:.1f}%), decode attention {decode_ms:.2f} ms")
         if r.get("bench_workload") and decode_ms:
@@ -42,12 +37,10 @@ def profile_rows(root: str) -> list[str]:
 def quality_rows(root: str) -> list[str]:
     rows = ["| KV cache | model | device | greedy agreement | teacher-forced top-1 | mean KL | capacity x | file |",
             "|---|---|---|---|---|---|---|---|"]
-    for path in sorted(glob.glob(os.path.join(root, "kv_int8_cache", "quality-*.json"))):
-        with open(path) as f:
-            r = json.load(f)
+    for path, r in load_records(root, "kv_int8_cache/quality-*.json"):
         rows.append(f"| {r['kv_cache_dtype']} | {r['model']} | {r['device']} | {r['greedy_token_agreement']:.3f} | "
                     f"{r['teacher_forced_top1_agreement']:.4f} | {r['teacher_forced_mean_kl']:.1e} | "
-                    f"{r['kv_capacity_ratio']:.2f} | `{os.path.relpath(path, os.path.dirname(root))}` |")
+                    f"{r['kv_capacity_ratio']:.2f} | `{path}` |")
     return rows if len(rows) > 2 else []
 
 
