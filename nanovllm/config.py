@@ -64,6 +64,9 @@ class Config:
             self.device = "cuda" if torch.cuda.is_available() else "cpu"
         if self.device == "cuda" and not torch.cuda.is_available():
             raise ValueError("device='cuda' was asked for but CUDA is not available; use device='cpu' or 'auto'")
+        if self.device == "cuda" and self.tensor_parallel_size > torch.cuda.device_count():
+            raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size} needs that many GPUs, "
+                             f"{torch.cuda.device_count()} visible; set CUDA_VISIBLE_DEVICES or use device='cpu'")
         self.hf_config = load_hf_config(self.model)
         self.dtype = resolve_dtype(self.dtype, self.hf_config)
         self.max_model_len = min(self.max_model_len, self.hf_config.max_position_embeddings)

@@ -93,4 +93,25 @@ def test_logprobs_on_gpu_match_cpu():
         assert c["token_ids"] == g["token_ids"]
         for dc, dg in zip(c["logprobs"] + c["prompt_logprobs"][1:], g["logprobs"] + g["prompt_logprobs"][1:]):
             assert max(dc, key=dc.get) == max(dg, key=dg.get)
-            assert all(abs(dc[t] - dg[t]) < 0.1 for t in set(dc) & set(dg))   # bf16 weights, other kernels
+            # bf16 logits from other kernels: a few tenths apart where log-probabilities are far below zero
+            assert all(abs(dc[t] - dg[t]) < 0.05 + 0.03 * abs(dc[t]) for t in set(dc) & set(dg)), (dc, dg)
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["int8", "fp8"])
+def test_quantized_kv_on_gpu_equals_cpu_and_keeps_graphs(kv_cache_dtype):
+    prompts = ["Beautiful is better than", "Errors should never", "Special cases aren't"]
+    cpu = greedy_ids(LLM(DEMO_MODEL_DIR, device="cpu", max_model_len=1024, kv_cache_dtype=kv_cache_dtype), prompts, 60)
+    gpu = LLM(DEMO_MODEL_DIR, device="cuda", max_model_len=1024, kv_cache_dtype=kv_cache_dtype,
+              gpu_memory_utilization=0.3)
+    assert gpu.model_runner.graphs is not None
+    assert greedy_ids(gpu, prompts, 60) == cpu
+
+
+def test_awq_on_gpu_equals_cpu(tmp_path):
+    from awq.awq_models import make_awq_model
+    make_awq_model(str(tmp_path), num_heads=8, num_kv_heads=2, head_dim=64)
+    rng = random.Random(2)
+    prompts = [[rng.randrange(256) for _ in range(n)] for n in (3, 20, 90)]
+    kw = dict(kvcache_block_size=16, max_model_len=256, num_kvcache_blocks=64, dtype="float16")
+    cpu = greedy_ids(LLM(str(tmp_path), device="cpu", **kw), prompts)
+    assert greedy_ids(LLM(str(tmp_path), device="cuda", **kw), prompts) == cpu

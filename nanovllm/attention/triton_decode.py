@@ -96,8 +96,11 @@ def num_decode_splits(num_seqs: int, num_kv_heads: int, max_context_len: int, nu
 
 
 def decode_attention(q: torch.Tensor, cache: LayerKVCache, block_tables: torch.Tensor, context_lens: torch.Tensor,
-                     scale: float, num_splits: int = 1) -> torch.Tensor:
-    """q [num_seqs, num_heads, head_dim] (one token each) -> out of the same shape."""
+                     scale: float, num_splits: int = 1, block_n: int = 64, num_warps: int = 4,
+                     num_stages: int = 3) -> torch.Tensor:
+    """q [num_seqs, num_heads, head_dim] (one token each) -> out of the same shape. The launch settings
+    (keys per tile, warps, pipeline stages) default to what tests/kv_quant/bench_decode_attention.py
+    --sweep found fastest on the H200."""
     k_cache, v_cache = cache.k, cache.v
     num_seqs, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -118,7 +121,8 @@ def decode_attention(q: torch.Tensor, cache: LayerKVCache, block_tables: torch.T
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_scale.stride(1) if cache.quantized else 0,
         QUANT=cache.quantized,
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=block_size, HEAD_DIM=head_dim,
-        BLOCK_N=64, NUM_SPLITS=num_splits, DOT_PRECISION=dot_precision(q.dtype), num_warps=4, num_stages=3)
+        BLOCK_N=block_n, NUM_SPLITS=num_splits, DOT_PRECISION=dot_precision(q.dtype), num_warps=num_warps,
+        num_stages=num_stages)
     if num_splits > 1:
         _combine_kernel[(num_seqs, num_heads)](part_acc, part_ml, out, out.stride(0), out.stride(1),
                                                HEAD_DIM=head_dim, NUM_SPLITS=num_splits)

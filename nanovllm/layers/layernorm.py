@@ -2,8 +2,6 @@
 import torch
 from torch import nn
 
-from nanovllm.utils.compile import compile_on_cuda
-
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """y = w * x / sqrt(mean(x^2) + eps), statistics in float32 (as Hugging Face computes it)."""
@@ -13,20 +11,9 @@ def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Ten
     return weight * x.to(dtype)
 
 
-@compile_on_cuda
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return rms_norm_ref(x, weight, eps)
-
-
-@compile_on_cuda
-def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    x = x + residual
-    return rms_norm_ref(x, weight, eps), x
-
-
 class RMSNorm(nn.Module):
-    """forward(x) -> norm(x); forward(x, residual) -> (norm(x + residual), x + residual)."""
+    """forward(x) -> norm(x); forward(x, residual) -> (norm(x + residual), x + residual).
+    On CUDA one fused Triton kernel (triton_norm.py) does the add and the norm."""
 
     def __init__(self, hidden_size: int, eps: float = 1e-6):
         super().__init__()
@@ -34,6 +21,10 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(hidden_size), requires_grad=False)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        if x.is_cuda and x.dim() == 2:
+            from nanovllm.layers.triton_norm import add_rms_norm
+            return add_rms_norm(x, residual, self.weight, self.eps)
         if residual is None:
-            return rms_norm(x, self.weight, self.eps)
-        return add_rms_norm(x, residual, self.weight, self.eps)
+            return rms_norm_ref(x, self.weight, self.eps)
+        x = x + residual
+        return rms_norm_ref(x, self.weight, self.eps), x

@@ -56,3 +56,12 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         return apply_rotary(positions, q, k, self.cos_sin_cache)
+
+    def forward_with_qk_norm(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, q_norm: nn.Module,
+                             k_norm: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+        """RMSNorm each head of q and k (Qwen3's qk-norm), then rotate; on CUDA one fused Triton kernel."""
+        if q.is_cuda:
+            from nanovllm.layers.triton_norm import qk_norm_rope
+            assert q_norm.eps == k_norm.eps
+            return qk_norm_rope(q, k, positions, q_norm.weight, k_norm.weight, q_norm.eps, self.cos_sin_cache)
+        return self(positions, q_norm(q), k_norm(k))

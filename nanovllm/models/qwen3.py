@@ -36,9 +36,9 @@ class Qwen3Attention(nn.Module):
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv_proj(hidden_states).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = self.q_norm(q.view(-1, self.num_heads, self.head_dim))        # [num_tokens, heads, head_dim]
-        k = self.k_norm(k.view(-1, self.num_kv_heads, self.head_dim))
-        q, k = self.rotary_emb(positions, q, k)
+        q = q.view(-1, self.num_heads, self.head_dim)                      # [num_tokens, heads, head_dim]
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        q, k = self.rotary_emb.forward_with_qk_norm(positions, q, k, self.q_norm, self.k_norm)
         return self.o_proj(self.attn(q, k, v))
 
 

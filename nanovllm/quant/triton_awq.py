@@ -12,16 +12,18 @@ import torch
 import triton
 import triton.language as tl
 
-from nanovllm.quant.awq import awq_gemm_ref
+from nanovllm.attention.torch_ref import dot_precision
+from nanovllm.quant.awq import awq_gemm_ref, dequantize_awq
 
-__all__ = ["awq_gemm", "awq_gemm_ref"]
+__all__ = ["awq_gemm", "awq_gemm_ref", "awq_dequantize", "dequantize_awq"]
+DEQUANT_MIN_TOKENS = 256   # from this many tokens on, dequantize once and use cuBLAS (see awq_benchmark.md)
 
 
 @triton.jit
 def _awq_gemm_kernel(x_ptr, qweight_ptr, qzeros_ptr, scales_ptr, out_ptr, M, N, K,
                      stride_xm, stride_qk, stride_zk, stride_sk, stride_om,
                      GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+                     BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, DOT_PRECISION: tl.constexpr):
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -43,7 +45,7 @@ def _awq_gemm_kernel(x_ptr, qweight_ptr, qzeros_ptr, scales_ptr, out_ptr, M, N, 
         q = (packed >> shifts) & 0xF
         z = (zeros >> shifts) & 0xF
         w = ((q - z).to(tl.float32) * scales.to(tl.float32)).to(x.dtype)     # [BLOCK_K, BLOCK_N]
-        acc += tl.dot(x, w)
+        acc += tl.dot(x, w, input_precision=DOT_PRECISION)
     out = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
     mask = m_ok[:, None] & n_ok[None, :]
     if SPLIT_K == 1:
@@ -52,10 +54,41 @@ def _awq_gemm_kernel(x_ptr, qweight_ptr, qzeros_ptr, scales_ptr, out_ptr, M, N, 
         tl.atomic_add(out, acc, mask=mask)
 
 
+@triton.jit
+def _awq_dequantize_kernel(qweight_ptr, qzeros_ptr, scales_ptr, out_ptr, K, N, GROUP_SIZE: tl.constexpr,
+                           BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
+    offs_k = tl.program_id(0) * BLOCK_K + tl.arange(0, BLOCK_K)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    j = offs_n % 8
+    shifts = (4 * (4 * (j % 2) + j // 2))[None, :]
+    mask = (offs_k < K)[:, None] & (offs_n < N)[None, :]
+    groups = offs_k // GROUP_SIZE
+    packed = tl.load(qweight_ptr + offs_k[:, None] * (N // 8) + (offs_n // 8)[None, :], mask=mask, other=0)
+    zeros = tl.load(qzeros_ptr + groups[:, None] * (N // 8) + (offs_n // 8)[None, :], mask=mask, other=0)
+    scales = tl.load(scales_ptr + groups[:, None] * N + offs_n[None, :], mask=mask, other=0.0)
+    w = (((packed >> shifts) & 0xF) - ((zeros >> shifts) & 0xF)).to(tl.float32) * scales.to(tl.float32)
+    tl.store(out_ptr + offs_k[:, None] * N + offs_n[None, :], w.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def awq_dequantize(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group_size: int,
+                   dtype: torch.dtype) -> torch.Tensor:
+    """W [K, N] in `dtype` (the reference is `dequantize_awq`); for many tokens, W once + cuBLAS beats
+    unpacking W inside every tile of a long GEMM."""
+    K, N = qweight.shape[0], scales.shape[1]
+    assert qweight.is_contiguous() and qzeros.is_contiguous() and scales.is_contiguous()
+    out = torch.empty(K, N, dtype=dtype, device=qweight.device)
+    grid = (triton.cdiv(K, 32), triton.cdiv(N, 128))
+    _awq_dequantize_kernel[grid](qweight, qzeros, scales, out, K, N, GROUP_SIZE=group_size, BLOCK_K=32,
+                                 BLOCK_N=128, num_warps=4)
+    return out
+
+
 def awq_gemm(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
-             group_size: int, split_k: int | None = None) -> torch.Tensor:
-    """x [M, K] (bf16 or fp16) -> [M, N] in x's dtype."""
+             group_size: int, split_k: int | None = None, fused: bool | None = None) -> torch.Tensor:
+    """x [M, K] (bf16 or fp16) -> [M, N] in x's dtype. `fused`: None picks by M (DEQUANT_MIN_TOKENS)."""
     M, K = x.shape
+    if fused is False or (fused is None and M >= DEQUANT_MIN_TOKENS):
+        return x @ awq_dequantize(qweight, qzeros, scales, group_size, x.dtype)
     N = scales.shape[1]
     assert qweight.shape == (K, N // 8) and qzeros.shape == (K // group_size, N // 8)
     assert qweight.dtype == qzeros.dtype == torch.int32 and x.stride(-1) == 1
@@ -70,5 +103,6 @@ def awq_gemm(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scale
     _awq_gemm_kernel[grid](x, qweight, qzeros, scales, out, M, N, K, x.stride(0), qweight.stride(0),
                            qzeros.stride(0), scales.stride(0), out.stride(0), GROUP_SIZE=group_size,
                            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k,
+                           DOT_PRECISION=dot_precision(x.dtype),
                            num_warps=4, num_stages=3)
     return out.to(x.dtype) if split_k > 1 else out

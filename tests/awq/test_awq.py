@@ -1,4 +1,5 @@
 """AWQ W4A16: packing, the fused kernel against the reference, loading, errors, and the quantizer."""
+import functools
 import json
 import os
 
@@ -60,6 +61,41 @@ def test_triton_kernel_matches_reference(m, split_k, dtype):
     out = awq_gemm(x, t["qweight"], t["qzeros"], t["scales"], GROUP, split_k=split_k)
     ref = awq_gemm_ref(x.float(), t["qweight"], t["qzeros"], t["scales"], GROUP)
     assert ((out.float() - ref).norm() / ref.norm()) < (1e-2 if dtype == torch.float16 else 1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_triton_dequantize_and_unfused_path_match_reference(dtype):
+    pytest.importorskip("triton")
+    from nanovllm.quant.triton_awq import awq_dequantize, awq_gemm
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    t = {name: v.to(device) for name, v in to_awq_tensors(torch.randn(96, 64), GROUP).items()}
+    want = dequantize_awq(t["qweight"], t["qzeros"], t["scales"], GROUP)
+    got = awq_dequantize(t["qweight"], t["qzeros"], t["scales"], GROUP, dtype)
+    assert got.dtype == dtype and torch.equal(got, want.to(dtype))
+    x = torch.randn(3, 64, dtype=dtype, device=device)
+    ref = awq_gemm_ref(x.float(), t["qweight"], t["qzeros"], t["scales"], GROUP)
+    out = awq_gemm(x, t["qweight"], t["qzeros"], t["scales"], GROUP, fused=False)
+    assert ((out.float() - ref).norm() / ref.norm()) < (1e-2 if dtype == torch.float16 else 1e-5)
+
+
+@functools.cache
+def real_size_weight(k, n):
+    g = torch.Generator(device="cuda").manual_seed(k + n)
+    return to_awq_tensors(torch.randn(n, k, generator=g, device="cuda") * 0.02, 128)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("m", [1, 8, 64, 256, 2048])
+@pytest.mark.parametrize("k,n", [(1024, 6144), (4096, 24576), (12288, 4096)])   # 0.6B qkv, 8B gate_up, 8B down
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_awq_gemm_at_real_sizes(m, k, n, dtype):
+    from nanovllm.quant.triton_awq import awq_gemm
+    t = real_size_weight(k, n)
+    x = torch.randn(m, k, dtype=dtype, device="cuda")
+    ref = awq_gemm_ref(x.float(), t["qweight"], t["qzeros"], t["scales"], 128)
+    for fused in (True, False):
+        out = awq_gemm(x, t["qweight"], t["qzeros"], t["scales"], 128, fused=fused)
+        assert out.dtype == dtype and ((out.float() - ref).norm() / ref.norm()) < 1e-2, fused
 
 
 @pytest.fixture(scope="module")
@@ -211,8 +247,8 @@ def test_awq_under_tensor_parallelism(awq_pair):
     path, _ = awq_pair
     prompts = [[5, 6, 7, 8], list(range(100, 150))]
     params = SamplingParams(temperature=0, max_tokens=12)
-    tp1 = LLM(path, dtype="float32", **KW).generate(prompts, params, use_tqdm=False)
-    llm = LLM(path, dtype="float32", tensor_parallel_size=2, **KW)
+    tp1 = LLM(path, dtype="float32", device="cpu", **KW).generate(prompts, params, use_tqdm=False)
+    llm = LLM(path, dtype="float32", tensor_parallel_size=2, device="cpu", **KW)
     try:
         tp2 = llm.generate(prompts, params, use_tqdm=False)
     finally:

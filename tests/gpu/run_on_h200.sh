@@ -10,8 +10,8 @@ OUT=${OUT:-/tmp/nanovllm-gpu}
 mkdir -p "$OUT"
 case "${1:-checks}" in
   checks)
-    timeout 480 python -m pytest -q -x tests/kernels tests/test_gpu.py tests/awq/test_awq.py \
-      2>&1 | tee "$OUT/gpu_tests.log" | tail -15
+    timeout "${CHECKS_TIMEOUT:-480}" python -m pytest -q -p no:cacheprovider --durations=8 tests/test_gpu.py \
+      tests/awq/test_awq.py tests/kernels 2>&1 | tee "$OUT/gpu_tests.log" | grep -v "^\.*$" | tail -40
     ;;
   bench)
     for kv in auto int8 fp8; do

@@ -1,12 +1,15 @@
 """Decode-attention microbenchmark: effective bandwidth of the split-KV kernel per KV cache dtype.
 
-    python tests/kv_quant/bench_decode_attention.py [--batch 64] [--context 8192]
+    python tests/kv_quant/bench_decode_attention.py [--batch 64] [--context 8192] [--sweep]
 
 Qwen3-0.6B attention shape (16 query heads, 8 KV heads, head_dim 128), one layer, blocks scattered over
 the pool. Bytes counted = K and V values (and scales) of every context token, read once; the query and
 output are negligible. Prints one JSON line per dtype and writes them under benchmark_results/kv_int8_cache/.
+--sweep instead times the bf16 cache over launch settings (keys per tile, warps, stages) and prints them
+fastest first: how decode_attention's defaults were chosen.
 """
 import argparse
+import itertools
 import json
 import os
 from datetime import datetime, timezone
@@ -23,6 +26,7 @@ def main():
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--context", type=int, default=8192)
     parser.add_argument("--block-size", type=int, default=256)
+    parser.add_argument("--sweep", action="store_true")
     args = parser.parse_args()
     heads, kv_heads, head_dim, bs = 16, 8, 128, args.block_size
     blocks_per_seq = args.context // bs
@@ -34,6 +38,8 @@ def main():
     k, v = (torch.randn(shape, dtype=torch.bfloat16, device="cuda") for _ in range(2))
     splits = num_decode_splits(args.batch, kv_heads, args.context,
                                torch.cuda.get_device_properties(0).multi_processor_count)
+    if args.sweep:
+        return sweep(q, LayerKVCache(k, v), tables, context_lens, splits)
     records = []
     for kind in ("auto", "int8", "fp8"):
         if kind == "auto":
@@ -52,6 +58,19 @@ def main():
     os.makedirs("benchmark_results/kv_int8_cache", exist_ok=True)
     with open(f"benchmark_results/kv_int8_cache/decode-attention-b{args.batch}-c{args.context}.json", "w") as f:
         json.dump(records, f, indent=2)
+
+
+def sweep(q, cache, tables, context_lens, splits):
+    nbytes = cache.k.numel() * cache.k.element_size() * 2
+    timings = []
+    for block_n, num_warps, num_stages in itertools.product((32, 64, 128), (2, 4, 8), (2, 3, 4)):
+        ms = do_bench(lambda: decode_attention(q, cache, tables, context_lens, 0.1, splits, block_n, num_warps,
+                                               num_stages), warmup=20, rep=100, return_mode="median")
+        timings.append((ms, block_n, num_warps, num_stages))
+    for ms, block_n, num_warps, num_stages in sorted(timings)[:8]:
+        print(json.dumps({"block_n": block_n, "num_warps": num_warps, "num_stages": num_stages, "ms": round(ms, 4),
+                          "tb_per_s": round(nbytes / ms / 1e9, 3), "batch": len(context_lens),
+                          "context": int(context_lens[0]), "splits": splits}))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,57 @@
+"""One AWQ linear layer on the GPU: fused dequant-GEMM, dequantize + cuBLAS, and bf16 cuBLAS, by token count.
+
+`python tests/awq/bench_gemm.py` times Qwen3-8B's qkv, gate_up and down shapes at M = 1..4096 tokens with
+CUDA events (triton.testing.do_bench), and writes benchmark_results/quantization_int_4/awq_gemm.json.
+The crossover it shows is where triton_awq.DEQUANT_MIN_TOKENS sits. The 4-bit weight is 3.9x fewer
+bytes than bf16, so at small M (memory-bound) the fused kernel should be well under bf16's time.
+"""
+import argparse
+import os
+import sys
+from datetime import datetime, timezone
+
+import torch
+import triton
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from nanovllm.quant.awq_quantize import to_awq_tensors  # noqa: E402
+from nanovllm.quant.triton_awq import awq_dequantize, awq_gemm  # noqa: E402
+from nanovllm.utils.results import save_record  # noqa: E402
+
+SHAPES = {"qkv (8B)": (4096, 6144), "gate_up (8B)": (4096, 24576), "down (8B)": (12288, 4096)}
+
+
+def time_us(fn) -> float:
+    return 1e3 * triton.testing.do_bench(fn, warmup=10, rep=50)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 16, 64, 128, 256, 512, 1024, 4096])
+    parser.add_argument("--out", default="benchmark_results/quantization_int_4/awq_gemm.json")
+    args = parser.parse_args()
+    rows = []
+    for name, (k, n) in SHAPES.items():
+        w = torch.randn(n, k, device="cuda") * 0.02
+        t = to_awq_tensors(w, 128)
+        w_bf16 = w.t().contiguous().to(torch.bfloat16)
+        dequant_us = time_us(lambda: awq_dequantize(t["qweight"], t["qzeros"], t["scales"], 128, torch.bfloat16))
+        for m in args.tokens:
+            x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+            row = {"layer": name, "k": k, "n": n, "tokens": m,
+                   "bf16_us": time_us(lambda: x @ w_bf16),
+                   "fused_us": time_us(lambda: awq_gemm(x, t["qweight"], t["qzeros"], t["scales"], 128, fused=True)),
+                   "dequant_matmul_us": time_us(lambda: awq_gemm(x, t["qweight"], t["qzeros"], t["scales"], 128,
+                                                                 fused=False)),
+                   "dequant_only_us": dequant_us}
+            row["bf16_weight_gb_per_s"] = 2 * k * n / row["bf16_us"] / 1e3
+            row["fused_weight_gb_per_s"] = 0.5 * k * n / row["fused_us"] / 1e3
+            rows.append({key: round(v, 2) if isinstance(v, float) else v for key, v in row.items()})
+            print(rows[-1], flush=True)
+    save_record({"gpu": torch.cuda.get_device_name(), "rows": rows, "command": "python " + " ".join(sys.argv),
+                 "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                 "versions": {"torch": torch.__version__, "triton": triton.__version__}}, args.out)
+
+
+if __name__ == "__main__":
+    main()
