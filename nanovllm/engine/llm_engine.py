@@ -46,8 +46,10 @@ class LLMEngine:
         self.model_runner = ModelRunner(config)
         self.scheduler = Scheduler(config, self.model_runner.num_kvcache_blocks)
         self.pending = None   # the decode step in flight, whose tokens the host has not read
+        # gpu_wait_s: host time blocked on an overlapped step's results; near 0 means the host, not the
+        # GPU, sets the decode pace
         self.stats = {"prefill_steps": 0, "prefill_tokens": 0, "prefill_s": 0.0, "decode_steps": 0,
-                      "decode_tokens": 0, "decode_s": 0.0}
+                      "decode_tokens": 0, "decode_s": 0.0, "gpu_wait_s": 0.0}
 
     def shutdown(self) -> None:
         """End tensor-parallel workers and the process group (also done by `del llm` and at exit)."""
@@ -117,7 +119,9 @@ class LLMEngine:
         if self.pending is None:
             return []
         pending, self.pending = self.pending, None
+        start = time.perf_counter()
         token_ids, logprobs = pending.collect()
+        self.stats["gpu_wait_s"] += time.perf_counter() - start
         live = [not seq.is_finished for seq in pending.batch.seqs]
         for seq, token_id, alive in zip(pending.batch.seqs, token_ids, live):
             if alive:

@@ -1,11 +1,14 @@
 """Fused AWQ dequant-GEMM in Triton: y [M, N] = x [M, K] @ W [K, N], W never materialized.
 
-Each program computes a [BLOCK_M, BLOCK_N] tile of y. For each K tile it loads the packed int32 words
-(each word serves eight output columns), shifts out the 4-bit values in AutoAWQ's order
-(column j of eight sits at bit shift 4 * (4 * (j % 2) + j // 2), which is AWQ_SHIFTS), subtracts the group's zero point,
-multiplies by the group's scale, and feeds the tile to tl.dot in the activation dtype; accumulation in
-float32. For few tokens (decode) the K loop is split over SPLIT_K programs that add their partial sums
-atomically into a float32 buffer, so the weight read is spread over the whole GPU.
+Each program computes a [BLOCK_M, BLOCK_N] tile of y. For each K tile it loads the packed int32 words once
+([BLOCK_K, BLOCK_N / 8], contiguous rows), repeats each word eight times in registers (three
+tl.interleave), and shifts out the 4-bit values in AutoAWQ's order (column j of eight sits at bit shift
+4 * (4 * (j % 2) + j // 2), which is AWQ_SHIFTS). BLOCK_K divides the group size, so one K tile lies in one
+group: its zero points ([BLOCK_N / 8] words) and scales ([BLOCK_N]) are one row each. w = (q - z) * s is
+fed to tl.dot in the activation dtype; accumulation in float32. For few tokens (decode) the K loop is
+split over SPLIT_K programs that add their partial sums atomically into a float32 buffer, so the weight
+read is spread over the whole GPU. From DEQUANT_MIN_TOKENS tokens on (prefill), the weight is
+dequantized once into a temporary and cuBLAS does the matmul, which beats unpacking inside every tile.
 Reference: `awq_gemm_ref` (dequantize, then matmul).
 """
 import torch
@@ -20,6 +23,16 @@ DEQUANT_MIN_TOKENS = 256   # from this many tokens on, dequantize once and use c
 
 
 @triton.jit
+def _unpack(words, BLOCK_N: tl.constexpr):
+    """[R, BLOCK_N / 8] int32 -> [R, BLOCK_N] 4-bit values in natural column order."""
+    words = tl.interleave(words, words)
+    words = tl.interleave(words, words)
+    words = tl.interleave(words, words)                         # each word repeated 8 times
+    j = tl.arange(0, BLOCK_N) % 8
+    return (words >> (4 * (4 * (j % 2) + j // 2))[None, :]) & 0xF
+
+
+@triton.jit
 def _awq_gemm_kernel(x_ptr, qweight_ptr, qzeros_ptr, scales_ptr, out_ptr, M, N, K,
                      stride_xm, stride_qk, stride_zk, stride_sk, stride_om,
                      GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -27,24 +40,20 @@ def _awq_gemm_kernel(x_ptr, qweight_ptr, qzeros_ptr, scales_ptr, out_ptr, M, N, 
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    j = offs_n % 8
-    shifts = (4 * (4 * (j % 2) + j // 2))[None, :]                  # AutoAWQ's interleave
-    m_ok, n_ok = offs_m < M, offs_n < N
+    offs_w = pid_n * (BLOCK_N // 8) + tl.arange(0, BLOCK_N // 8)     # packed columns
+    m_ok, n_ok, w_ok = offs_m < M, offs_n < N, offs_w < N // 8
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     k_per_split = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
     for k0 in range(pid_k * k_per_split, tl.minimum((pid_k + 1) * k_per_split, K), BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        k_ok = offs_k < K
-        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=m_ok[:, None] & k_ok[None, :],
-                    other=0.0)
-        wk_mask = k_ok[:, None] & n_ok[None, :]
-        packed = tl.load(qweight_ptr + offs_k[:, None] * stride_qk + (offs_n // 8)[None, :], mask=wk_mask, other=0)
-        groups = offs_k // GROUP_SIZE
-        zeros = tl.load(qzeros_ptr + groups[:, None] * stride_zk + (offs_n // 8)[None, :], mask=wk_mask, other=0)
-        scales = tl.load(scales_ptr + groups[:, None] * stride_sk + offs_n[None, :], mask=wk_mask, other=0.0)
-        q = (packed >> shifts) & 0xF
-        z = (zeros >> shifts) & 0xF
-        w = ((q - z).to(tl.float32) * scales.to(tl.float32)).to(x.dtype)     # [BLOCK_K, BLOCK_N]
+        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=m_ok[:, None], other=0.0)
+        packed = tl.load(qweight_ptr + offs_k[:, None] * stride_qk + offs_w[None, :], mask=w_ok[None, :], other=0)
+        group = k0 // GROUP_SIZE
+        zeros = tl.load(qzeros_ptr + group * stride_zk + offs_w, mask=w_ok, other=0)[None, :]
+        scales = tl.load(scales_ptr + group * stride_sk + offs_n, mask=n_ok, other=0.0)[None, :]
+        q = _unpack(packed, BLOCK_N)                                   # [BLOCK_K, BLOCK_N]
+        z = _unpack(zeros, BLOCK_N)                                    # [1, BLOCK_N]
+        w = ((q - z).to(tl.float32) * scales.to(tl.float32)).to(x.dtype)
         acc += tl.dot(x, w, input_precision=DOT_PRECISION)
     out = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
     mask = m_ok[:, None] & n_ok[None, :]
@@ -59,14 +68,15 @@ def _awq_dequantize_kernel(qweight_ptr, qzeros_ptr, scales_ptr, out_ptr, K, N, G
                            BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
     offs_k = tl.program_id(0) * BLOCK_K + tl.arange(0, BLOCK_K)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    j = offs_n % 8
-    shifts = (4 * (4 * (j % 2) + j // 2))[None, :]
-    mask = (offs_k < K)[:, None] & (offs_n < N)[None, :]
-    groups = offs_k // GROUP_SIZE
-    packed = tl.load(qweight_ptr + offs_k[:, None] * (N // 8) + (offs_n // 8)[None, :], mask=mask, other=0)
-    zeros = tl.load(qzeros_ptr + groups[:, None] * (N // 8) + (offs_n // 8)[None, :], mask=mask, other=0)
-    scales = tl.load(scales_ptr + groups[:, None] * N + offs_n[None, :], mask=mask, other=0.0)
-    w = (((packed >> shifts) & 0xF) - ((zeros >> shifts) & 0xF)).to(tl.float32) * scales.to(tl.float32)
+    offs_w = tl.program_id(1) * (BLOCK_N // 8) + tl.arange(0, BLOCK_N // 8)
+    k_ok = (offs_k < K)[:, None]
+    groups = (offs_k // GROUP_SIZE)[:, None]
+    w_mask = k_ok & (offs_w < N // 8)[None, :]
+    packed = tl.load(qweight_ptr + offs_k[:, None] * (N // 8) + offs_w[None, :], mask=w_mask, other=0)
+    zeros = tl.load(qzeros_ptr + groups * (N // 8) + offs_w[None, :], mask=w_mask, other=0)
+    mask = k_ok & (offs_n < N)[None, :]
+    scales = tl.load(scales_ptr + groups * N + offs_n[None, :], mask=mask, other=0.0)
+    w = (_unpack(packed, BLOCK_N) - _unpack(zeros, BLOCK_N)).to(tl.float32) * scales.to(tl.float32)
     tl.store(out_ptr + offs_k[:, None] * N + offs_n[None, :], w.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -77,9 +87,9 @@ def awq_dequantize(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Te
     K, N = qweight.shape[0], scales.shape[1]
     assert qweight.is_contiguous() and qzeros.is_contiguous() and scales.is_contiguous()
     out = torch.empty(K, N, dtype=dtype, device=qweight.device)
-    grid = (triton.cdiv(K, 32), triton.cdiv(N, 128))
+    grid = (triton.cdiv(K, 32), triton.cdiv(N, 256))
     _awq_dequantize_kernel[grid](qweight, qzeros, scales, out, K, N, GROUP_SIZE=group_size, BLOCK_K=32,
-                                 BLOCK_N=128, num_warps=4)
+                                 BLOCK_N=256, num_warps=4)
     return out
 
 
@@ -87,7 +97,8 @@ def awq_gemm(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scale
              group_size: int, split_k: int | None = None, fused: bool | None = None) -> torch.Tensor:
     """x [M, K] (bf16 or fp16) -> [M, N] in x's dtype. `fused`: None picks by M (DEQUANT_MIN_TOKENS)."""
     M, K = x.shape
-    if fused is False or (fused is None and M >= DEQUANT_MIN_TOKENS):
+    tiles_fit = group_size >= 16 and group_size == triton.next_power_of_2(group_size)   # K tile within a group
+    if fused is False or not tiles_fit or (fused is None and M >= DEQUANT_MIN_TOKENS):
         return x @ awq_dequantize(qweight, qzeros, scales, group_size, x.dtype)
     N = scales.shape[1]
     assert qweight.shape == (K, N // 8) and qzeros.shape == (K // group_size, N // 8)

@@ -119,7 +119,7 @@ def test_engine_equals_hf_on_dequantized_weights(awq_pair):
     llm.scheduler.block_manager.allocate(seq)
     seq.num_computed_tokens = 0                          # compute every position, cached or not
     logits, _ = llm.model_runner.forward_logits(ScheduledBatch([seq], [len(seq)], True))
-    torch.testing.assert_close(logits[0].float(), hf_logits(hf, prompts[1]), atol=2e-4, rtol=2e-4)
+    torch.testing.assert_close(logits[0].float().cpu(), hf_logits(hf, prompts[1]), atol=2e-4, rtol=2e-4)
 
 
 def test_awq_in_half_precision_runs(awq_pair):
