@@ -9,14 +9,44 @@ second kernel combines them:
 Context lengths are read on the device, so the launch is the same for every step and fits a CUDA graph.
 INT8/FP8 caches are converted in registers; K's scales multiply the score columns and V's the probability
 columns, so the quantized cache is read once and never expanded in memory.
+Launch settings (keys per tile, warps, pipeline stages) come per GPU model and KV cache dtype from
+tuned/decode-<GPU>.json, written by `tests/kv_quant/bench_decode_attention.py --sweep --write`, as vLLM
+ships tuned kernel configs per device; DEFAULT_SETTINGS elsewhere.
 Reference: `paged_attention_ref` with one query per sequence.
 """
+import functools
+import json
+import os
+
 import torch
 import triton
 import triton.language as tl
 
-from nanovllm.attention.torch_ref import dot_precision, paged_attention_ref
+from nanovllm.attention.torch_ref import dot_precision, kv_cache_kind, paged_attention_ref
 from nanovllm.quant.kv import LayerKVCache
+
+DEFAULT_SETTINGS = {"block_n": 64, "num_warps": 4, "num_stages": 3}
+TUNED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuned")
+
+
+def tuned_settings_path(gpu_name: str) -> str:
+    return os.path.join(TUNED_DIR, f"decode-{gpu_name.replace(' ', '_')}.json")
+
+
+@functools.cache
+def tuned_settings(gpu_name: str) -> dict[str, dict]:
+    """KV cache dtype -> launch settings measured fastest on this GPU model ({} if never measured)."""
+    path = tuned_settings_path(gpu_name)
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        return json.load(f)["settings"]
+
+
+def launch_settings(cache: LayerKVCache) -> dict:
+    if not cache.k.is_cuda:
+        return DEFAULT_SETTINGS
+    return tuned_settings(torch.cuda.get_device_name(cache.k.device)).get(kv_cache_kind(cache), DEFAULT_SETTINGS)
 
 __all__ = ["decode_attention", "paged_attention_ref"]
 
@@ -96,11 +126,9 @@ def num_decode_splits(num_seqs: int, num_kv_heads: int, max_context_len: int, nu
 
 
 def decode_attention(q: torch.Tensor, cache: LayerKVCache, block_tables: torch.Tensor, context_lens: torch.Tensor,
-                     scale: float, num_splits: int = 1, block_n: int = 64, num_warps: int = 4,
-                     num_stages: int = 3) -> torch.Tensor:
-    """q [num_seqs, num_heads, head_dim] (one token each) -> out of the same shape. The launch settings
-    (keys per tile, warps, pipeline stages) default to what tests/kv_quant/bench_decode_attention.py
-    --sweep found fastest on the H200."""
+                     scale: float, num_splits: int = 1, settings: dict | None = None) -> torch.Tensor:
+    """q [num_seqs, num_heads, head_dim] (one token each) -> out of the same shape. `settings`: launch
+    settings ({"block_n", "num_warps", "num_stages"}), by default the tuned ones for this GPU."""
     k_cache, v_cache = cache.k, cache.v
     num_seqs, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -115,14 +143,15 @@ def decode_attention(q: torch.Tensor, cache: LayerKVCache, block_tables: torch.T
         part_acc = torch.empty(num_seqs * num_heads * num_splits, head_dim, dtype=torch.float32, device=q.device)
         part_ml = torch.empty(num_seqs * num_heads * num_splits, 2, dtype=torch.float32, device=q.device)
     k_scale, v_scale = (cache.k_scale, cache.v_scale) if cache.quantized else (k_cache, v_cache)
+    settings = settings or launch_settings(cache)
     _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
         q, k_cache, v_cache, k_scale, v_scale, out, part_acc, part_ml, block_tables, context_lens,
         scale * 1.4426950408889634, q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_scale.stride(1) if cache.quantized else 0,
         QUANT=cache.quantized,
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=block_size, HEAD_DIM=head_dim,
-        BLOCK_N=block_n, NUM_SPLITS=num_splits, DOT_PRECISION=dot_precision(q.dtype), num_warps=num_warps,
-        num_stages=num_stages)
+        BLOCK_N=settings["block_n"], NUM_SPLITS=num_splits, DOT_PRECISION=dot_precision(q.dtype),
+        num_warps=settings["num_warps"], num_stages=settings["num_stages"])
     if num_splits > 1:
         _combine_kernel[(num_seqs, num_heads)](part_acc, part_ml, out, out.stride(0), out.stride(1),
                                                HEAD_DIM=head_dim, NUM_SPLITS=num_splits)

@@ -11,6 +11,8 @@ read is spread over the whole GPU. From DEQUANT_MIN_TOKENS tokens on (prefill), 
 dequantized once into a temporary and cuBLAS does the matmul, which beats unpacking inside every tile.
 Reference: `awq_gemm_ref` (dequantize, then matmul).
 """
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -19,7 +21,7 @@ from nanovllm.attention.torch_ref import dot_precision
 from nanovllm.quant.awq import awq_gemm_ref, dequantize_awq
 
 __all__ = ["awq_gemm", "awq_gemm_ref", "awq_dequantize", "dequantize_awq"]
-DEQUANT_MIN_TOKENS = 256   # from this many tokens on, dequantize once and use cuBLAS (see awq_benchmark.md)
+DEQUANT_MIN_TOKENS = 128   # from this many tokens on, dequantize once and use cuBLAS (see awq_benchmark.md)
 
 
 @triton.jit
@@ -93,6 +95,11 @@ def awq_dequantize(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Te
     return out
 
 
+@functools.cache
+def num_sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
+
+
 def awq_gemm(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
              group_size: int, split_k: int | None = None, fused: bool | None = None) -> torch.Tensor:
     """x [M, K] (bf16 or fp16) -> [M, N] in x's dtype. `fused`: None picks by M (DEQUANT_MIN_TOKENS)."""
@@ -106,8 +113,8 @@ def awq_gemm(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scale
     block_m = 16 if M <= 16 else (32 if M <= 32 else 64)
     block_n, block_k = 128, min(64, group_size)
     grid_mn = triton.cdiv(M, block_m) * triton.cdiv(N, block_n)
-    if split_k is None:      # few tokens: split K until the grid covers the GPU a couple of times
-        split_k = 1 if M > 64 else max(1, min(16, 264 // grid_mn, K // (4 * block_k)))
+    if split_k is None:      # few tokens: split K until there are ~4 programs per SM to hide memory latency
+        split_k = 1 if M > 64 else max(1, min(triton.cdiv(4 * num_sms(x.device), grid_mn), K // (2 * block_k)))
     out = torch.zeros(M, N, dtype=torch.float32, device=x.device) if split_k > 1 else \
         torch.empty(M, N, dtype=x.dtype, device=x.device)
     grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n), split_k)

@@ -114,3 +114,27 @@ def test_split_count_fills_the_gpu_and_is_a_power_of_two():
     assert num_decode_splits(4, 8, 100) == 1
     n = num_decode_splits(8, 8, 4096)
     assert n & (n - 1) == 0 and n > 1
+
+
+@pytest.mark.parametrize("settings", [{"block_n": 32, "num_warps": 2, "num_stages": 2},
+                                      {"block_n": 128, "num_warps": 8, "num_stages": 4}])
+@pytest.mark.parametrize("kv_cache_dtype", KV_DTYPES)
+def test_decode_launch_settings_do_not_change_results(settings, kv_cache_dtype):
+    q, cache, meta = make_case([1] * 3, [1, 200, 77], 8, 2, HEAD_DIMS[-1], BLOCK_SIZES[0], DTYPES[0], DEVICE,
+                               kv_cache_dtype=kv_cache_dtype)
+    out = decode_attention(q, cache, meta.block_tables, meta.context_lens, 0.1, 2, settings)
+    assert rel_err(out, paged_attention_ref(q, cache, meta, 0.1)) < TOL[DTYPES[0]]
+
+
+def test_tuned_settings_are_read_per_gpu_model(tmp_path, monkeypatch):
+    import json
+
+    from nanovllm.attention import triton_decode
+    monkeypatch.setattr(triton_decode, "TUNED_DIR", str(tmp_path))
+    triton_decode.tuned_settings.cache_clear()
+    best = {"int8": {"block_n": 128, "num_warps": 8, "num_stages": 2}}
+    with open(triton_decode.tuned_settings_path("Some GPU"), "w") as f:
+        json.dump({"settings": best}, f)
+    assert triton_decode.tuned_settings("Some GPU") == best
+    assert triton_decode.tuned_settings("Other GPU") == {}
+    triton_decode.tuned_settings.cache_clear()

@@ -5,19 +5,26 @@
 Qwen3-0.6B attention shape (16 query heads, 8 KV heads, head_dim 128), one layer, blocks scattered over
 the pool. Bytes counted = K and V values (and scales) of every context token, read once; the query and
 output are negligible. Prints one JSON line per dtype and writes them under benchmark_results/kv_int8_cache/.
---sweep instead times the bf16 cache over launch settings (keys per tile, warps, stages) and prints them
-fastest first: how decode_attention's defaults were chosen.
+--sweep instead times each cache dtype over launch settings (keys per tile, warps, stages) and prints the
+fastest; --write stores the winners in nanovllm/attention/tuned/decode-<GPU>.json, which decode_attention
+reads on that GPU model.
 """
 import argparse
 import itertools
 import json
 import os
+import sys
 from datetime import datetime, timezone
 
 import torch
 from triton.testing import do_bench
 
-from nanovllm.attention.triton_decode import decode_attention, num_decode_splits
+from nanovllm.attention.triton_decode import (
+    DEFAULT_SETTINGS,
+    decode_attention,
+    num_decode_splits,
+    tuned_settings_path,
+)
 from nanovllm.quant.kv import LayerKVCache, quantize_ref
 
 
@@ -26,7 +33,9 @@ def main():
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--context", type=int, default=8192)
     parser.add_argument("--block-size", type=int, default=256)
+    parser.add_argument("--kv-cache-dtype", nargs="+", default=["auto", "int8", "fp8"])
     parser.add_argument("--sweep", action="store_true")
+    parser.add_argument("--write", action="store_true", help="with --sweep: store the winners for this GPU model")
     args = parser.parse_args()
     heads, kv_heads, head_dim, bs = 16, 8, 128, args.block_size
     blocks_per_seq = args.context // bs
@@ -38,15 +47,16 @@ def main():
     k, v = (torch.randn(shape, dtype=torch.bfloat16, device="cuda") for _ in range(2))
     splits = num_decode_splits(args.batch, kv_heads, args.context,
                                torch.cuda.get_device_properties(0).multi_processor_count)
-    if args.sweep:
-        return sweep(q, LayerKVCache(k, v), tables, context_lens, splits)
-    records = []
-    for kind in ("auto", "int8", "fp8"):
+    records, best = [], {}
+    for kind in args.kv_cache_dtype:
         if kind == "auto":
             cache = LayerKVCache(k, v)
         else:
             (kq, ks), (vq, vs) = quantize_ref(k, kind), quantize_ref(v, kind)
             cache = LayerKVCache(kq, vq, ks, vs)
+        if args.sweep:
+            best[kind] = sweep(q, cache, kind, tables, context_lens, splits)
+            continue
         ms = do_bench(lambda: decode_attention(q, cache, tables, context_lens, head_dim ** -0.5, splits),
                       warmup=50, rep=300, return_mode="median")
         nbytes = sum(t.numel() * t.element_size() for t in (cache.k, cache.v, cache.k_scale, cache.v_scale)
@@ -55,22 +65,53 @@ def main():
                         "ms": ms, "bytes": nbytes, "tb_per_s": nbytes / ms / 1e9, "gpu": torch.cuda.get_device_name(),
                         "date": datetime.now(timezone.utc).isoformat(timespec="seconds")})
         print(json.dumps(records[-1]))
+    if args.sweep:
+        if args.write:
+            write_tuned(best, "python " + " ".join(sys.argv))
+        return
     os.makedirs("benchmark_results/kv_int8_cache", exist_ok=True)
     with open(f"benchmark_results/kv_int8_cache/decode-attention-b{args.batch}-c{args.context}.json", "w") as f:
         json.dump(records, f, indent=2)
 
 
-def sweep(q, cache, tables, context_lens, splits):
-    nbytes = cache.k.numel() * cache.k.element_size() * 2
+def sweep(q, cache, kind, tables, context_lens, splits) -> dict:
+    """Time every launch setting on this cache; settings whose output differs from the default's are
+    dropped (a broken configuration must not win). Returns the fastest."""
+    ref = decode_attention(q, cache, tables, context_lens, 0.1, splits, DEFAULT_SETTINGS)
+    nbytes = sum(t.numel() * t.element_size() for t in (cache.k, cache.v, cache.k_scale, cache.v_scale)
+                 if t is not None)
     timings = []
-    for block_n, num_warps, num_stages in itertools.product((32, 64, 128), (2, 4, 8), (2, 3, 4)):
-        ms = do_bench(lambda: decode_attention(q, cache, tables, context_lens, 0.1, splits, block_n, num_warps,
-                                               num_stages), warmup=20, rep=100, return_mode="median")
-        timings.append((ms, block_n, num_warps, num_stages))
-    for ms, block_n, num_warps, num_stages in sorted(timings)[:8]:
-        print(json.dumps({"block_n": block_n, "num_warps": num_warps, "num_stages": num_stages, "ms": round(ms, 4),
+    for block_n, num_warps, num_stages in itertools.product((32, 64, 128), (4, 8), (2, 3)):
+        settings = {"block_n": block_n, "num_warps": num_warps, "num_stages": num_stages}
+        out = decode_attention(q, cache, tables, context_lens, 0.1, splits, settings)
+        if not torch.allclose(out.float(), ref.float(), atol=2e-2, rtol=2e-2):
+            print(json.dumps({"dropped": settings, "kv_cache_dtype": kind}))
+            continue
+        ms = do_bench(lambda: decode_attention(q, cache, tables, context_lens, 0.1, splits, settings),
+                      warmup=10, rep=50, return_mode="median")
+        timings.append((ms, settings))
+    timings.sort(key=lambda t: t[0])
+    for ms, settings in timings[:3]:
+        print(json.dumps({"kv_cache_dtype": kind, **settings, "ms": round(ms, 4),
                           "tb_per_s": round(nbytes / ms / 1e9, 3), "batch": len(context_lens),
                           "context": int(context_lens[0]), "splits": splits}))
+    return timings[0][1]
+
+
+def write_tuned(best: dict[str, dict], command: str) -> None:
+    """Merge into the package's tuned settings for this GPU model (read by decode_attention)."""
+    path = tuned_settings_path(torch.cuda.get_device_name())
+    record = {"settings": {}}
+    if os.path.exists(path):
+        with open(path) as f:
+            record = json.load(f)
+    record["settings"].update(best)
+    record.update(gpu=torch.cuda.get_device_name(), command=command,
+                  date=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(record, f, indent=2)
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":
