@@ -11,14 +11,36 @@ KV_BYTES_BENCH = 13.85e12   # KV cache bytes the bench workload's decode reads (
 
 
 def bench_rows(root: str) -> list[str]:
-    rows = ["| engine | model | GPU | KV dtype | output tokens | seconds | tokens/s | date | file |",
-            "|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| engine | model | GPU | KV dtype | output tokens | seconds | tokens/s | decode s (host waiting on GPU) "
+            "| date | file |", "|---|---|---|---|---|---|---|---|---|---|"]
     for path, r in load_records(root, "bench/*.json"):
         model = r["model"] + (" (dummy)" if r.get("load_format") == "dummy" else "")
+        steps = r.get("step_stats", {})
+        decode = f"{steps['decode_s']:.2f} ({steps['gpu_wait_s']:.2f})" if "gpu_wait_s" in steps else "-"
         rows.append(f"| {r['engine']} | {model} | {r['gpu']} | {r['settings'].get('kv_cache_dtype', 'auto')} "
-                    f"| {r['output_tokens']} | {r['seconds']:.2f} | {r['tokens_per_s']:,.0f} | {r['date'][:10]} "
-                    f"| `{path}` |")
+                    f"| {r['output_tokens']} | {r['seconds']:.2f} | {r['tokens_per_s']:,.0f} | {decode} "
+                    f"| {r['date'][:10]} | `{path}` |")
     return rows
+
+
+def decode_attention_rows(root: str) -> list[str]:
+    rows = ["| decode attention | batch x context | ms | TB/s of cache read | file |", "|---|---|---|---|---|"]
+    for path, records in load_records(root, "kv_int8_cache/decode-attention-*.json"):
+        for r in records:
+            rows.append(f"| {r['kv_cache_dtype']} | {r['batch']} x {r['context']} | {r['ms']:.3f} | "
+                        f"{r['tb_per_s']:.2f} | `{path}` |")
+    return rows if len(rows) > 2 else []
+
+
+def awq_rows(root: str) -> list[str]:
+    rows = ["| AWQ vs bf16 | weight memory AWQ/bf16 | TPOT batch 1 bf16 / AWQ (ms) | AWQ/bf16 TPOT | GPU | date | file |",
+            "|---|---|---|---|---|---|---|"]
+    for path, record in load_records(root, "quantization_int_4/awq_vs_bf16.json"):
+        for r in record["rows"]:
+            rows.append(f"| {r['model']} (dummy) | {r['weight_memory_ratio']:.3f} | {r['bf16']['tpot_ms_batch1']:.2f} / "
+                        f"{r['awq']['tpot_ms_batch1']:.2f} | {r['tpot_ratio']:.2f} | {r['bf16']['gpu']} | "
+                        f"{record['date'][:10]} | `{path}` |")
+    return rows if len(rows) > 2 else []
 
 
 def profile_rows(root: str) -> list[str]:
@@ -51,7 +73,8 @@ def render(readme: str = "README.md", root: str = "benchmark_results") -> None:
         raise ValueError(f"{readme} lacks the markers {START} and {END}")
     head, rest = text.split(START, 1)
     _, tail = rest.split(END, 1)
-    table = "\n".join(bench_rows(root) + [""] + profile_rows(root) + [""] + quality_rows(root))
+    parts = [bench_rows(root), profile_rows(root), decode_attention_rows(root), quality_rows(root), awq_rows(root)]
+    table = "\n\n".join("\n".join(rows) for rows in parts if rows)
     with open(readme, "w") as f:
         f.write(f"{head}{START}\n{table}\n{END}{tail}")
 
