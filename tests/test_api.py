@@ -43,6 +43,13 @@ def test_bad_settings_raise_value_error(model_dir, kw, match):
         LLM(model_dir, **kw)
 
 
+def test_more_gpus_than_visible_is_a_clear_error(model_dir, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ValueError, match="tensor_parallel_size=2 needs that many GPUs, 1 visible"):
+        LLM(model_dir, device="cuda", tensor_parallel_size=2)
+
+
 def test_missing_model_dir_is_clear():
     with pytest.raises(ValueError, match="config.json"):
         LLM("/nonexistent/model")

@@ -100,13 +100,24 @@ def num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
 
 
+AWQ_METHODS = ("fused", "gemv", "dequant")
+
+
 def awq_gemm(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
-             group_size: int, split_k: int | None = None, fused: bool | None = None) -> torch.Tensor:
-    """x [M, K] (bf16 or fp16) -> [M, N] in x's dtype. `fused`: None picks by M (DEQUANT_MIN_TOKENS)."""
+             group_size: int, split_k: int | None = None, method: str | None = None) -> torch.Tensor:
+    """x [M, K] (bf16 or fp16) -> [M, N] in x's dtype. `method`: "fused" (tensor-core tiles, this file),
+    "gemv" (triton_awq_gemv.py), "dequant" (dequantize + cuBLAS); None picks "dequant" from
+    DEQUANT_MIN_TOKENS tokens on, else "fused"."""
     M, K = x.shape
+    assert method in (None, *AWQ_METHODS), method
     tiles_fit = group_size >= 16 and group_size == triton.next_power_of_2(group_size)   # K tile within a group
-    if fused is False or not tiles_fit or (fused is None and M >= DEQUANT_MIN_TOKENS):
+    if method is None:
+        method = "dequant" if M >= DEQUANT_MIN_TOKENS or not tiles_fit else "fused"
+    if method == "dequant":
         return x @ awq_dequantize(qweight, qzeros, scales, group_size, x.dtype)
+    if method == "gemv":
+        from nanovllm.quant.triton_awq_gemv import awq_gemv
+        return awq_gemv(x, qweight, qzeros, scales, group_size, split_k)
     N = scales.shape[1]
     assert qweight.shape == (K, N // 8) and qzeros.shape == (K // group_size, N // 8)
     assert qweight.dtype == qzeros.dtype == torch.int32 and x.stride(-1) == 1

@@ -1,4 +1,5 @@
-"""One AWQ linear layer on the GPU: fused dequant-GEMM, dequantize + cuBLAS, and bf16 cuBLAS, by token count.
+"""One AWQ linear layer on the GPU: fused dequant-GEMM, GEMV (up to 16 tokens), dequantize + cuBLAS, and bf16
+cuBLAS, by token count.
 
 `python tests/awq/bench_gemm.py` times Qwen3-8B's qkv, gate_up and down shapes at M = 1..4096 tokens with
 CUDA events (triton.testing.do_bench), and writes benchmark_results/quantization_int_4/awq_gemm.json.
@@ -40,9 +41,12 @@ def main():
             x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
             row = {"layer": name, "k": k, "n": n, "tokens": m,
                    "bf16_us": time_us(lambda: x @ w_bf16),
-                   "fused_us": time_us(lambda: awq_gemm(x, t["qweight"], t["qzeros"], t["scales"], 128, fused=True)),
+                   "fused_us": time_us(lambda: awq_gemm(x, t["qweight"], t["qzeros"], t["scales"], 128,
+                                                        method="fused")),
+                   "gemv_us": time_us(lambda: awq_gemm(x, t["qweight"], t["qzeros"], t["scales"], 128,
+                                                       method="gemv")) if m <= 16 else None,
                    "dequant_matmul_us": time_us(lambda: awq_gemm(x, t["qweight"], t["qzeros"], t["scales"], 128,
-                                                                 fused=False)),
+                                                                 method="dequant")),
                    "dequant_only_us": dequant_us}
             row["bf16_weight_gb_per_s"] = 2 * k * n / row["bf16_us"] / 1e3
             row["fused_weight_gb_per_s"] = 0.5 * k * n / row["fused_us"] / 1e3

@@ -64,18 +64,21 @@ def test_triton_kernel_matches_reference(m, split_k, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
-def test_triton_dequantize_and_unfused_path_match_reference(dtype):
+@pytest.mark.parametrize("group,k", [(GROUP, 64), (128, 256)])
+def test_triton_dequantize_and_other_paths_match_reference(dtype, group, k):
     pytest.importorskip("triton")
     from nanovllm.quant.triton_awq import awq_dequantize, awq_gemm
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    t = {name: v.to(device) for name, v in to_awq_tensors(torch.randn(96, 64), GROUP).items()}
-    want = dequantize_awq(t["qweight"], t["qzeros"], t["scales"], GROUP)
-    got = awq_dequantize(t["qweight"], t["qzeros"], t["scales"], GROUP, dtype)
+    t = {name: v.to(device) for name, v in to_awq_tensors(torch.randn(96, k), group).items()}
+    want = dequantize_awq(t["qweight"], t["qzeros"], t["scales"], group)
+    got = awq_dequantize(t["qweight"], t["qzeros"], t["scales"], group, dtype)
     assert got.dtype == dtype and torch.equal(got, want.to(dtype))
-    x = torch.randn(3, 64, dtype=dtype, device=device)
-    ref = awq_gemm_ref(x.float(), t["qweight"], t["qzeros"], t["scales"], GROUP)
-    out = awq_gemm(x, t["qweight"], t["qzeros"], t["scales"], GROUP, fused=False)
-    assert ((out.float() - ref).norm() / ref.norm()) < (1e-2 if dtype == torch.float16 else 1e-5)
+    x = torch.randn(3, k, dtype=dtype, device=device)
+    ref = awq_gemm_ref(x.float(), t["qweight"], t["qzeros"], t["scales"], group)
+    for method in ("dequant", "gemv"):
+        out = awq_gemm(x, t["qweight"], t["qzeros"], t["scales"], group, method=method)
+        assert out.dtype == dtype
+        assert ((out.float() - ref).norm() / ref.norm()) < (1e-2 if dtype == torch.float16 else 1e-5), method
 
 
 @functools.cache
@@ -93,9 +96,9 @@ def test_awq_gemm_at_real_sizes(m, k, n, dtype):
     t = real_size_weight(k, n)
     x = torch.randn(m, k, dtype=dtype, device="cuda")
     ref = awq_gemm_ref(x.float(), t["qweight"], t["qzeros"], t["scales"], 128)
-    for fused in (True, False):
-        out = awq_gemm(x, t["qweight"], t["qzeros"], t["scales"], 128, fused=fused)
-        assert out.dtype == dtype and ((out.float() - ref).norm() / ref.norm()) < 1e-2, fused
+    for method in ("fused", "dequant") + (("gemv",) if m <= 8 else ()):
+        out = awq_gemm(x, t["qweight"], t["qzeros"], t["scales"], 128, method=method)
+        assert out.dtype == dtype and ((out.float() - ref).norm() / ref.norm()) < 1e-2, method
 
 
 @pytest.fixture(scope="module")
