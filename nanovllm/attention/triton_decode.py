@@ -9,7 +9,10 @@ second kernel combines them:
 Context lengths are read on the device, so the launch is the same for every step and fits a CUDA graph.
 INT8/FP8 caches are converted in registers; K's scales multiply the score columns and V's the probability
 columns, so the quantized cache is read once and never expanded in memory.
-Launch settings (keys per tile, warps, pipeline stages) come per GPU model and KV cache dtype from
+Scores and the weighted sum of V use tl.dot (tensor cores, the group padded to 16 rows) or, with
+use_dot False, broadcast FMAs in registers, which skip the padding and the trip of a converted INT8/FP8
+tile through shared memory. That choice and the launch settings (keys per tile, warps, pipeline stages)
+come per GPU model and KV cache dtype from
 tuned/decode-<GPU>.json, written by `tests/kv_quant/bench_decode_attention.py --sweep --write`, as vLLM
 ships tuned kernel configs per device; DEFAULT_SETTINGS elsewhere.
 Reference: `paged_attention_ref` with one query per sequence.
@@ -25,7 +28,7 @@ import triton.language as tl
 from nanovllm.attention.torch_ref import dot_precision, kv_cache_kind, paged_attention_ref
 from nanovllm.quant.kv import LayerKVCache
 
-DEFAULT_SETTINGS = {"block_n": 64, "num_warps": 4, "num_stages": 3}
+DEFAULT_SETTINGS = {"block_n": 64, "num_warps": 4, "num_stages": 3, "use_dot": True}
 TUNED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuned")
 
 
@@ -57,7 +60,7 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, ou
                    stride_qt, stride_qh, stride_ot, stride_oh, stride_bt, stride_cb, stride_cs, stride_ch, stride_ss,
                    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                   QUANT: tl.constexpr):
+                   QUANT: tl.constexpr, USE_DOT: tl.constexpr):
     seq, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     context_len = tl.load(context_lens_ptr + seq)
     split_len = tl.cdiv(tl.cdiv(context_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
@@ -79,7 +82,10 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, ou
         kv_off = block.to(tl.int64) * stride_cb + (offs_n % BLOCK_SIZE) * stride_cs + kv_head * stride_ch
         k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=key_ok[:, None], other=0.0)
         v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=key_ok[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * qk_scale      # [BLOCK_G, BLOCK_N]
+        if USE_DOT:   # tensor cores, the group padded to 16 rows
+            s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_G, BLOCK_N]
+        else:         # FMAs in registers: no padding, no trip of the converted tile through shared memory
+            s = tl.sum(q.to(tl.float32)[:, None, :] * k.to(tl.float32)[None, :, :], axis=2) * qk_scale
         slot = block.to(tl.int64) * BLOCK_SIZE + offs_n % BLOCK_SIZE
         if QUANT:   # K's per-key scales multiply the score columns
             s = s * tl.load(k_scale_ptr + slot * stride_ss + kv_head, mask=key_ok, other=0.0)[None, :]
@@ -90,7 +96,10 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, ou
         l_i = l_i * alpha + tl.sum(p, 1)
         if QUANT:   # V's per-key scales multiply the probability columns (after l is updated)
             p = p * tl.load(v_scale_ptr + slot * stride_ss + kv_head, mask=key_ok, other=0.0)[None, :]
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
+        if USE_DOT:
+            acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
+        else:
+            acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
         m_i = m_new
     if NUM_SPLITS == 1:
         out = acc / l_i[:, None]
@@ -128,7 +137,7 @@ def num_decode_splits(num_seqs: int, num_kv_heads: int, max_context_len: int, nu
 def decode_attention(q: torch.Tensor, cache: LayerKVCache, block_tables: torch.Tensor, context_lens: torch.Tensor,
                      scale: float, num_splits: int = 1, settings: dict | None = None) -> torch.Tensor:
     """q [num_seqs, num_heads, head_dim] (one token each) -> out of the same shape. `settings`: launch
-    settings ({"block_n", "num_warps", "num_stages"}), by default the tuned ones for this GPU."""
+    settings ({"block_n", "num_warps", "num_stages", "use_dot"}), by default the tuned ones for this GPU."""
     k_cache, v_cache = cache.k, cache.v
     num_seqs, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -144,12 +153,14 @@ def decode_attention(q: torch.Tensor, cache: LayerKVCache, block_tables: torch.T
         part_ml = torch.empty(num_seqs * num_heads * num_splits, 2, dtype=torch.float32, device=q.device)
     k_scale, v_scale = (cache.k_scale, cache.v_scale) if cache.quantized else (k_cache, v_cache)
     settings = settings or launch_settings(cache)
+    use_dot = settings.get("use_dot", True)
     _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
         q, k_cache, v_cache, k_scale, v_scale, out, part_acc, part_ml, block_tables, context_lens,
         scale * 1.4426950408889634, q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_scale.stride(1) if cache.quantized else 0,
         QUANT=cache.quantized,
-        GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=block_size, HEAD_DIM=head_dim,
+        GROUP=group, BLOCK_G=max(16 if use_dot else 1, triton.next_power_of_2(group)), BLOCK_SIZE=block_size,
+        HEAD_DIM=head_dim, USE_DOT=use_dot,
         BLOCK_N=settings["block_n"], NUM_SPLITS=num_splits, DOT_PRECISION=dot_precision(q.dtype),
         num_warps=settings["num_warps"], num_stages=settings["num_stages"])
     if num_splits > 1:

@@ -117,10 +117,12 @@ def test_split_count_fills_the_gpu_and_is_a_power_of_two():
 
 
 @pytest.mark.parametrize("settings", [{"block_n": 32, "num_warps": 2, "num_stages": 2},
-                                      {"block_n": 128, "num_warps": 8, "num_stages": 4}])
+                                      {"block_n": 128, "num_warps": 8, "num_stages": 4},
+                                      {"block_n": 16, "num_warps": 4, "num_stages": 2, "use_dot": False}])
 @pytest.mark.parametrize("kv_cache_dtype", KV_DTYPES)
-def test_decode_launch_settings_do_not_change_results(settings, kv_cache_dtype):
-    q, cache, meta = make_case([1] * 3, [1, 200, 77], 8, 2, HEAD_DIMS[-1], BLOCK_SIZES[0], DTYPES[0], DEVICE,
+@pytest.mark.parametrize("heads", [(8, 2), (4, 4)])
+def test_decode_launch_settings_do_not_change_results(settings, kv_cache_dtype, heads):
+    q, cache, meta = make_case([1] * 3, [1, 200, 77], *heads, HEAD_DIMS[-1], BLOCK_SIZES[0], DTYPES[0], DEVICE,
                                kv_cache_dtype=kv_cache_dtype)
     out = decode_attention(q, cache, meta.block_tables, meta.context_lens, 0.1, 2, settings)
     assert rel_err(out, paged_attention_ref(q, cache, meta, 0.1)) < TOL[DTYPES[0]]

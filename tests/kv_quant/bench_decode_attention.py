@@ -5,7 +5,8 @@
 Qwen3-0.6B attention shape (16 query heads, 8 KV heads, head_dim 128), one layer, blocks scattered over
 the pool. Bytes counted = K and V values (and scales) of every context token, read once; the query and
 output are negligible. Prints one JSON line per dtype and writes them under benchmark_results/kv_int8_cache/.
---sweep instead times each cache dtype over launch settings (keys per tile, warps, stages) and prints the
+--sweep instead times each cache dtype over launch settings (keys per tile, warps, stages, tensor-core dot or
+register FMAs) and prints the
 fastest; --write stores the winners in nanovllm/attention/tuned/decode-<GPU>.json, which decode_attention
 reads on that GPU model.
 """
@@ -81,8 +82,12 @@ def sweep(q, cache, kind, tables, context_lens, splits) -> dict:
     nbytes = sum(t.numel() * t.element_size() for t in (cache.k, cache.v, cache.k_scale, cache.v_scale)
                  if t is not None)
     timings = []
-    for block_n, num_warps, num_stages in itertools.product((32, 64, 128), (4, 8), (2, 3)):
-        settings = {"block_n": block_n, "num_warps": num_warps, "num_stages": num_stages}
+    candidates = [(block_n, warps, stages, True) for block_n, warps, stages in
+                  itertools.product((32, 64, 128), (4, 8), (2, 3))]
+    candidates += [(block_n, warps, stages, False) for block_n, warps, stages in
+                   itertools.product((16, 32, 64), (4, 8), (2, 3))]
+    for block_n, num_warps, num_stages, use_dot in candidates:
+        settings = {"block_n": block_n, "num_warps": num_warps, "num_stages": num_stages, "use_dot": use_dot}
         out = decode_attention(q, cache, tables, context_lens, 0.1, splits, settings)
         if not torch.allclose(out.float(), ref.float(), atol=2e-2, rtol=2e-2):
             print(json.dumps({"dropped": settings, "kv_cache_dtype": kind}))
