@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# What to run on the H200 (device tool), in two calls of under 10 minutes each; results land in $OUT
+# What to run on the H200 (device tool), each mode one call of under 10 minutes; results land in $OUT
 # (copy them to benchmark_results/ afterwards and re-render README with nanovllm.tools.render_results).
 #   bash tests/gpu/run_on_h200.sh checks    # GPU tests: kernels at real sizes, engine vs CPU, logprobs, AWQ
-#   bash tests/gpu/run_on_h200.sh bench     # AWQ GEMM, bench.py bf16/int8/fp8, decode attention, AWQ 8B, KV quality
+#   bash tests/gpu/run_on_h200.sh tune      # decode launch settings per KV dtype -> nanovllm/attention/tuned/ (copy back)
+#   bash tests/gpu/run_on_h200.sh bench     # AWQ GEMM, bench.py bf16/int8/fp8, decode attention, AWQ 8B
 set -o pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1
@@ -10,11 +11,16 @@ OUT=${OUT:-/tmp/nanovllm-gpu}
 mkdir -p "$OUT"
 case "${1:-checks}" in
   checks)
-    timeout "${CHECKS_TIMEOUT:-480}" python -m pytest -q -p no:cacheprovider --durations=8 tests/test_gpu.py \
-      tests/awq/test_awq.py tests/kernels 2>&1 | tee "$OUT/gpu_tests.log" | grep -v "^\.*$" | tail -40
+    timeout 250 python -m pytest -q -p no:cacheprovider tests/test_gpu.py tests/awq/test_awq.py \
+      2>&1 | tee "$OUT/gpu_tests.log" | tail -15
+    timeout 200 python -m pytest -q -p no:cacheprovider -n 6 tests/kernels 2>&1 | tee "$OUT/kernel_tests.log" | tail -5
+    ;;
+  tune)
+    timeout 150 python tests/kv_quant/bench_decode_attention.py --batch 256 --context 1024 --sweep --write
+    cp nanovllm/attention/tuned/*.json "$OUT/"
     ;;
   bench)
-    timeout 45 python tests/awq/bench_gemm.py --tokens 1 16 64 256 1024 --out "$OUT/awq_gemm.json" | tail -1
+    timeout 75 python tests/awq/bench_gemm.py --tokens 1 16 64 256 1024 --out "$OUT/awq_gemm.json" | tail -1
     for kv in auto int8 fp8; do
       timeout 85 python bench.py --kv-cache-dtype "$kv" --out "$OUT/bench-$kv.json" 2>&1 | tail -1
     done
