@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from nanovllm.attention.torch_ref import dot_precision, paged_attention_ref
+from nanovllm.attention.triton_tiles import check_paged_inputs, key_scales, load_kv_tile, online_softmax
 from nanovllm.quant.kv import LayerKVCache
 
 __all__ = ["prefill_attention", "paged_attention_ref"]
@@ -49,24 +50,16 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, o
         for start_n in range(0, end, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
             key_ok = offs_n < context_len
-            block = tl.load(block_tables_ptr + seq * stride_bt + offs_n // BLOCK_SIZE, mask=key_ok, other=0)
-            kv_off = block.to(tl.int64) * stride_cb + (offs_n % BLOCK_SIZE) * stride_cs + kv_head * stride_ch
-            k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=key_ok[:, None], other=0.0)
-            v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=key_ok[:, None], other=0.0)
+            k, v, slots = load_kv_tile(k_cache_ptr, v_cache_ptr, block_tables_ptr, seq, kv_head, offs_n, key_ok,
+                                       stride_bt, stride_cb, stride_cs, stride_ch, BLOCK_SIZE, HEAD_DIM)
             s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * qk_scale   # [BLOCK_M, BLOCK_N]
-            slot = block.to(tl.int64) * BLOCK_SIZE + offs_n % BLOCK_SIZE
             if QUANT:   # K's per-key scales multiply the score columns
-                s = s * tl.load(k_scale_ptr + slot * stride_ss + kv_head, mask=key_ok, other=0.0)[None, :]
+                s = s * key_scales(k_scale_ptr, slots, kv_head, key_ok, stride_ss)
             visible = (offs_n[None, :] <= q_pos[:, None]) & key_ok[None, :]
-            s = tl.where(visible, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            p = tl.exp2(s - m_new[:, None])
-            alpha = tl.exp2(m_i - m_new)
-            l_i = l_i * alpha + tl.sum(p, 1)
+            p, alpha, m_i, l_i = online_softmax(tl.where(visible, s, float("-inf")), m_i, l_i)
             if QUANT:   # V's per-key scales multiply the probability columns (after l is updated)
-                p = p * tl.load(v_scale_ptr + slot * stride_ss + kv_head, mask=key_ok, other=0.0)[None, :]
+                p = p * key_scales(v_scale_ptr, slots, kv_head, key_ok, stride_ss)
             acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
-            m_i = m_new
         out = acc / l_i[:, None]
         tl.store(out_ptr + q_rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
@@ -77,10 +70,7 @@ def prefill_attention(q: torch.Tensor, cache: LayerKVCache, block_tables: torch.
     """q [num_tokens, num_heads, head_dim] -> out of the same shape."""
     k_cache, v_cache = cache.k, cache.v
     num_tokens, num_heads, head_dim = q.shape
-    _, block_size, num_kv_heads, _ = k_cache.shape
-    assert head_dim == triton.next_power_of_2(head_dim) and head_dim >= 16, "head_dim must be a power of 2"
-    assert num_heads % num_kv_heads == 0 and q.stride(-1) == 1 and k_cache.stride(-1) == 1
-    assert k_cache.stride() == v_cache.stride() and block_tables.dtype == torch.int32
+    block_size, num_kv_heads = check_paged_inputs(q, cache, block_tables)
     out = torch.empty_like(q)
     block_m = 64 if max_seqlen_q > 32 else 16
     block_n = 64 if head_dim <= 64 else 32

@@ -1,0 +1,51 @@
+"""Pieces shared by the prefill and decode kernels (inlined by Triton into each kernel).
+
+load_kv_tile: the K and V rows of keys `offs_n` of one sequence and KV head. Key n lives in block
+block_table[n // BLOCK_SIZE] at row n % BLOCK_SIZE, i.e. at slot block * BLOCK_SIZE + n % BLOCK_SIZE of the
+cache [num_blocks, block_size, num_kv_heads, head_dim]; INT8/FP8 scales are indexed by the same slot.
+online_softmax: one tile of FlashAttention's streaming softmax in base 2. With running max m and sum l,
+    m' = max(m, max_j s_j),  p_j = 2^(s_j - m'),  alpha = 2^(m - m'),  l' = l * alpha + sum_j p_j
+and the caller rescales its accumulator by alpha before adding p @ V.
+"""
+import torch
+import triton
+import triton.language as tl
+
+from nanovllm.quant.kv import LayerKVCache
+
+
+def check_paged_inputs(q: torch.Tensor, cache: LayerKVCache, block_tables: torch.Tensor) -> tuple[int, int]:
+    """The layouts both kernels assume; returns (block_size, num_kv_heads)."""
+    num_heads, head_dim = q.shape[1:]
+    _, block_size, num_kv_heads, _ = cache.k.shape
+    assert head_dim == triton.next_power_of_2(head_dim) and head_dim >= 16, "head_dim must be a power of 2"
+    assert num_heads % num_kv_heads == 0 and q.stride(-1) == 1 and cache.k.stride(-1) == 1
+    assert cache.k.stride() == cache.v.stride() and block_tables.dtype == torch.int32
+    return block_size, num_kv_heads
+
+
+@triton.jit
+def load_kv_tile(k_cache_ptr, v_cache_ptr, block_tables_ptr, seq, kv_head, offs_n, key_ok, stride_bt, stride_cb,
+                 stride_cs, stride_ch, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """(K [BLOCK_N, HEAD_DIM], V [BLOCK_N, HEAD_DIM], slots [BLOCK_N]) in the cache's dtype."""
+    offs_d = tl.arange(0, HEAD_DIM)
+    block = tl.load(block_tables_ptr + seq * stride_bt + offs_n // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
+    kv_off = block * stride_cb + (offs_n % BLOCK_SIZE) * stride_cs + kv_head * stride_ch
+    k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=key_ok[:, None], other=0.0)
+    v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=key_ok[:, None], other=0.0)
+    return k, v, block * BLOCK_SIZE + offs_n % BLOCK_SIZE
+
+
+@triton.jit
+def key_scales(scale_ptr, slots, kv_head, key_ok, stride_ss):
+    """Per-key INT8/FP8 scales of one KV head as a [1, BLOCK_N] row, to multiply score or probability columns."""
+    return tl.load(scale_ptr + slots * stride_ss + kv_head, mask=key_ok, other=0.0)[None, :]
+
+
+@triton.jit
+def online_softmax(s, m_i, l_i):
+    """s [rows, BLOCK_N] (masked keys at -inf) -> (p, alpha, new running max, new running sum)."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    p = tl.exp2(s - m_new[:, None])
+    alpha = tl.exp2(m_i - m_new)
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, 1)
