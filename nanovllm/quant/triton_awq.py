@@ -12,6 +12,8 @@ dequantized once into a temporary and cuBLAS does the matmul, which beats unpack
 Reference: `awq_gemm_ref` (dequantize, then matmul).
 """
 import functools
+import json
+import os
 
 import torch
 import triton
@@ -101,18 +103,44 @@ def num_sms(device: torch.device) -> int:
 
 
 AWQ_METHODS = ("fused", "gemv", "dequant")
+TUNED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuned")
+
+
+def tuned_methods_path(gpu_name: str) -> str:
+    return os.path.join(TUNED_DIR, f"awq-{gpu_name.replace(' ', '_')}.json")
+
+
+@functools.cache
+def tuned_methods(gpu_name: str) -> list[tuple[int, str]]:
+    """[(token count, fastest method)] that `tests/awq/bench_gemm.py --write` measured on this GPU model."""
+    path = tuned_methods_path(gpu_name)
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return sorted((int(tokens), method) for tokens, method in json.load(f)["fastest"].items())
+
+
+def pick_method(num_tokens: int, table: list[tuple[int, str]]) -> str:
+    """The measured winner at the nearest measured token count at or above num_tokens; without
+    measurements (empty table), dequantize + cuBLAS from DEQUANT_MIN_TOKENS tokens on, else fused."""
+    for tokens, method in table:
+        if num_tokens <= tokens:
+            return method
+    if table:
+        return table[-1][1]
+    return "dequant" if num_tokens >= DEQUANT_MIN_TOKENS else "fused"
 
 
 def awq_gemm(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
              group_size: int, split_k: int | None = None, method: str | None = None) -> torch.Tensor:
     """x [M, K] (bf16 or fp16) -> [M, N] in x's dtype. `method`: "fused" (tensor-core tiles, this file),
-    "gemv" (triton_awq_gemv.py), "dequant" (dequantize + cuBLAS); None picks "dequant" from
-    DEQUANT_MIN_TOKENS tokens on, else "fused"."""
+    "gemv" (triton_awq_gemv.py), "dequant" (dequantize + cuBLAS); None: `pick_method`."""
     M, K = x.shape
     assert method in (None, *AWQ_METHODS), method
     tiles_fit = group_size >= 16 and group_size == triton.next_power_of_2(group_size)   # K tile within a group
     if method is None:
-        method = "dequant" if M >= DEQUANT_MIN_TOKENS or not tiles_fit else "fused"
+        table = tuned_methods(torch.cuda.get_device_name(x.device)) if x.is_cuda else []
+        method = pick_method(M, table) if tiles_fit else "dequant"
     if method == "dequant":
         return x @ awq_dequantize(qweight, qzeros, scales, group_size, x.dtype)
     if method == "gemv":

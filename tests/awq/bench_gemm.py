@@ -3,7 +3,8 @@ cuBLAS, by token count.
 
 `python tests/awq/bench_gemm.py` times Qwen3-8B's qkv, gate_up and down shapes at M = 1..4096 tokens with
 CUDA events (triton.testing.do_bench), and writes benchmark_results/quantization_int_4/awq_gemm.json.
-The crossover it shows is where triton_awq.DEQUANT_MIN_TOKENS sits. The 4-bit weight is 3.9x fewer
+With --write, the fastest method per token count (summed over the three layers) goes to
+nanovllm/quant/tuned/awq-<GPU>.json, which `awq_gemm` then follows on that GPU model. The 4-bit weight is 3.9x fewer
 bytes than bf16, so at small M (memory-bound) the fused kernel should be well under bf16's time.
 """
 import argparse
@@ -16,9 +17,10 @@ import triton
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from nanovllm.quant.awq_quantize import to_awq_tensors  # noqa: E402
-from nanovllm.quant.triton_awq import awq_dequantize, awq_gemm  # noqa: E402
+from nanovllm.quant.triton_awq import AWQ_METHODS, awq_dequantize, awq_gemm, tuned_methods_path  # noqa: E402
 from nanovllm.utils.results import save_record  # noqa: E402
 
+TIMING_KEYS = {"fused": "fused_us", "gemv": "gemv_us", "dequant": "dequant_matmul_us"}
 SHAPES = {"qkv (8B)": (4096, 6144), "gate_up (8B)": (4096, 24576), "down (8B)": (12288, 4096)}
 
 
@@ -30,6 +32,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--tokens", type=int, nargs="+", default=[1, 16, 64, 128, 256, 512, 1024, 4096])
     parser.add_argument("--out", default="benchmark_results/quantization_int_4/awq_gemm.json")
+    parser.add_argument("--write", action="store_true", help="store the fastest method per token count")
     args = parser.parse_args()
     rows = []
     for name, (k, n) in SHAPES.items():
@@ -52,9 +55,24 @@ def main():
             row["fused_weight_gb_per_s"] = 0.5 * k * n / row["fused_us"] / 1e3
             rows.append({key: round(v, 2) if isinstance(v, float) else v for key, v in row.items()})
             print(rows[-1], flush=True)
-    save_record({"gpu": torch.cuda.get_device_name(), "rows": rows, "command": "python " + " ".join(sys.argv),
-                 "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                 "versions": {"torch": torch.__version__, "triton": triton.__version__}}, args.out)
+    record = {"gpu": torch.cuda.get_device_name(), "rows": rows, "command": "python " + " ".join(sys.argv),
+              "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "versions": {"torch": torch.__version__, "triton": triton.__version__}}
+    save_record(record, args.out)
+    if args.write:
+        save_record({"fastest": fastest_methods(rows), **{k: record[k] for k in ("gpu", "command", "date")}},
+                    tuned_methods_path(record["gpu"]))
+
+
+def fastest_methods(rows: list[dict]) -> dict[str, str]:
+    """token count -> the method with the least total time over the layers measured at that count."""
+    fastest = {}
+    for tokens in sorted({row["tokens"] for row in rows}):
+        at = [row for row in rows if row["tokens"] == tokens]
+        totals = {method: sum(row[TIMING_KEYS[method]] for row in at) for method in AWQ_METHODS
+                  if all(row[TIMING_KEYS[method]] is not None for row in at)}
+        fastest[str(tokens)] = min(totals, key=totals.get)
+    return fastest
 
 
 if __name__ == "__main__":

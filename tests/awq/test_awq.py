@@ -81,6 +81,24 @@ def test_triton_dequantize_and_other_paths_match_reference(dtype, group, k):
         assert ((out.float() - ref).norm() / ref.norm()) < (1e-2 if dtype == torch.float16 else 1e-5), method
 
 
+def test_measured_fastest_method_is_followed(tmp_path, monkeypatch):
+    pytest.importorskip("triton")
+    from awq.bench_gemm import fastest_methods
+    from nanovllm.quant import triton_awq
+    rows = [{"tokens": m, "fused_us": f, "gemv_us": g, "dequant_matmul_us": d}
+            for m, f, g, d in [(1, 5.0, 3.0, 9.0), (1, 5.0, 4.0, 9.0), (64, 8.0, None, 7.0), (64, 9.0, None, 9.0)]]
+    fastest = fastest_methods(rows)
+    assert fastest == {"1": "gemv", "64": "dequant"}     # totals over layers: 10 vs 7 vs 18; 17 vs 16
+    monkeypatch.setattr(triton_awq, "TUNED_DIR", str(tmp_path))
+    triton_awq.tuned_methods.cache_clear()
+    with open(triton_awq.tuned_methods_path("Some GPU"), "w") as f:
+        json.dump({"fastest": fastest}, f)
+    table = triton_awq.tuned_methods("Some GPU")
+    assert [triton_awq.pick_method(m, table) for m in (1, 2, 64, 5000)] == ["gemv", "dequant", "dequant", "dequant"]
+    assert [triton_awq.pick_method(m, []) for m in (1, 5000)] == ["fused", "dequant"]
+    triton_awq.tuned_methods.cache_clear()
+
+
 @functools.cache
 def real_size_weight(k, n):
     g = torch.Generator(device="cuda").manual_seed(k + n)
