@@ -1,4 +1,5 @@
-"""torch.compile for the small elementwise ops (RMSNorm, RoPE, SiLU-and-mul, sampling math).
+"""torch.compile for the small elementwise ops (SiLU-and-mul, plain RoPE, sampling math; the norms have
+hand-written Triton kernels in layers/triton_norm.py).
 
 Each op is a few PyTorch calls that would each be one kernel and one pass over memory; compiled, they
 become one fused Triton kernel. Compilation only happens for CUDA tensors and when the engine allows it
