@@ -11,6 +11,15 @@ def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Ten
     return weight * x.to(dtype)
 
 
+def add_rms_norm_ref(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                     eps: float) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """norm(x), or (norm(x + residual), x + residual) with the sum rounded to x's dtype."""
+    if residual is None:
+        return rms_norm_ref(x, weight, eps)
+    x = x + residual
+    return rms_norm_ref(x, weight, eps), x
+
+
 class RMSNorm(nn.Module):
     """forward(x) -> norm(x); forward(x, residual) -> (norm(x + residual), x + residual).
     On CUDA one fused Triton kernel (triton_norm.py) does the add and the norm."""
@@ -24,7 +33,4 @@ class RMSNorm(nn.Module):
         if x.is_cuda and x.dim() == 2:
             from nanovllm.layers.triton_norm import add_rms_norm
             return add_rms_norm(x, residual, self.weight, self.eps)
-        if residual is None:
-            return rms_norm_ref(x, self.weight, self.eps)
-        x = x + residual
-        return rms_norm_ref(x, self.weight, self.eps), x
+        return add_rms_norm_ref(x, residual, self.weight, self.eps)

@@ -7,6 +7,7 @@ cos/sin are precomputed for every position up to max_position_embeddings.
 import torch
 from torch import nn
 
+from nanovllm.layers.layernorm import rms_norm_ref
 from nanovllm.utils.compile import compile_on_cuda
 
 
@@ -36,6 +37,15 @@ def apply_rotary_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> t
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
 
 
+def qk_norm_rope_ref(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, q_weight: torch.Tensor,
+                     k_weight: torch.Tensor, eps: float,
+                     cos_sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Qwen3's per-head RMSNorm of q and k, then RoPE at `positions`."""
+    cos, sin = cos_sin_cache[positions].unsqueeze(1).chunk(2, dim=-1)                 # [num_tokens, 1, head_dim/2]
+    return (apply_rotary_ref(rms_norm_ref(q, q_weight, eps), cos, sin),
+            apply_rotary_ref(rms_norm_ref(k, k_weight, eps), cos, sin))
+
+
 @compile_on_cuda
 def apply_rotary(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                  cos_sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -60,8 +70,8 @@ class RotaryEmbedding(nn.Module):
     def forward_with_qk_norm(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, q_norm: nn.Module,
                              k_norm: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
         """RMSNorm each head of q and k (Qwen3's qk-norm), then rotate; on CUDA one fused Triton kernel."""
+        assert q_norm.eps == k_norm.eps
         if q.is_cuda:
             from nanovllm.layers.triton_norm import qk_norm_rope
-            assert q_norm.eps == k_norm.eps
             return qk_norm_rope(q, k, positions, q_norm.weight, k_norm.weight, q_norm.eps, self.cos_sin_cache)
-        return self(positions, q_norm(q), k_norm(k))
+        return qk_norm_rope_ref(q, k, positions, q_norm.weight, k_norm.weight, q_norm.eps, self.cos_sin_cache)

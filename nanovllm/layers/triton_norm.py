@@ -9,14 +9,15 @@ qk_norm_rope: one program per token and per tensor (q or k) holds all its heads 
 [BLOCK_H, head_dim / 2] tile per half, so the rotation pairs (x1, x2) never need a shuffle:
     n = w * (x * rsqrt(mean(x^2) + eps));  out = (n1 cos - n2 sin, n2 cos + n1 sin)
 with cos/sin read from the rotary cache row at the token's position. Roundings follow the references
-(`rms_norm_ref`, `apply_rotary_ref`) step by step, so results agree to the last bit in most elements.
+(`add_rms_norm_ref` in layernorm.py, `qk_norm_rope_ref` in rotary_embedding.py) step by step, so results
+agree to the last bit in most elements.
 """
 import torch
 import triton
 import triton.language as tl
 
-from nanovllm.layers.layernorm import rms_norm_ref
-from nanovllm.layers.rotary_embedding import apply_rotary_ref
+from nanovllm.layers.layernorm import add_rms_norm_ref
+from nanovllm.layers.rotary_embedding import qk_norm_rope_ref
 
 __all__ = ["add_rms_norm", "qk_norm_rope", "add_rms_norm_ref", "qk_norm_rope_ref"]
 
@@ -35,14 +36,6 @@ def _add_rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, out_ptr, sum_ptr, stri
     normed = (xf * tl.rsqrt(tl.sum(xf * xf, axis=0) / N + eps)).to(x_ptr.dtype.element_ty)
     w = tl.load(weight_ptr + offs, mask=mask, other=0.0)
     tl.store(out_ptr + row * N + offs, (w * normed).to(out_ptr.dtype.element_ty), mask=mask)
-
-
-def add_rms_norm_ref(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
-                     eps: float) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    if residual is None:
-        return rms_norm_ref(x, weight, eps)
-    x = x + residual
-    return rms_norm_ref(x, weight, eps), x
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
@@ -96,14 +89,6 @@ def _qk_norm_rope_kernel(q_ptr, k_ptr, q_out_ptr, k_out_ptr, q_weight_ptr, k_wei
     else:
         _norm_rope_heads(k_ptr + token * stride_k, k_out_ptr + token * num_kv_heads * 2 * HALF, k_weight_ptr,
                          cos, sin, num_kv_heads, eps, HALF, BLOCK_H)
-
-
-def qk_norm_rope_ref(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, q_weight: torch.Tensor,
-                     k_weight: torch.Tensor, eps: float,
-                     cos_sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    cos, sin = cos_sin_cache[positions].unsqueeze(1).chunk(2, dim=-1)                 # [num_tokens, 1, head_dim/2]
-    return (apply_rotary_ref(rms_norm_ref(q, q_weight, eps), cos, sin),
-            apply_rotary_ref(rms_norm_ref(k, k_weight, eps), cos, sin))
 
 
 def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, q_weight: torch.Tensor,

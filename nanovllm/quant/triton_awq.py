@@ -27,7 +27,7 @@ DEQUANT_MIN_TOKENS = 128   # from this many tokens on, dequantize once and use c
 
 
 @triton.jit
-def _unpack(words, BLOCK_N: tl.constexpr):
+def unpack_nibbles(words, BLOCK_N: tl.constexpr):
     """[R, BLOCK_N / 8] int32 -> [R, BLOCK_N] 4-bit values in natural column order."""
     words = tl.interleave(words, words)
     words = tl.interleave(words, words)
@@ -55,8 +55,8 @@ def _awq_gemm_kernel(x_ptr, qweight_ptr, qzeros_ptr, scales_ptr, out_ptr, M, N, 
         group = k0 // GROUP_SIZE
         zeros = tl.load(qzeros_ptr + group * stride_zk + offs_w, mask=w_ok, other=0)[None, :]
         scales = tl.load(scales_ptr + group * stride_sk + offs_n, mask=n_ok, other=0.0)[None, :]
-        q = _unpack(packed, BLOCK_N)                                   # [BLOCK_K, BLOCK_N]
-        z = _unpack(zeros, BLOCK_N)                                    # [1, BLOCK_N]
+        q = unpack_nibbles(packed, BLOCK_N)                                   # [BLOCK_K, BLOCK_N]
+        z = unpack_nibbles(zeros, BLOCK_N)                                    # [1, BLOCK_N]
         w = ((q - z).to(tl.float32) * scales.to(tl.float32)).to(x.dtype)
         acc += tl.dot(x, w, input_precision=DOT_PRECISION)
     out = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
@@ -80,7 +80,7 @@ def _awq_dequantize_kernel(qweight_ptr, qzeros_ptr, scales_ptr, out_ptr, K, N, G
     zeros = tl.load(qzeros_ptr + groups * (N // 8) + offs_w[None, :], mask=w_mask, other=0)
     mask = k_ok & (offs_n < N)[None, :]
     scales = tl.load(scales_ptr + groups * N + offs_n[None, :], mask=mask, other=0.0)
-    w = (_unpack(packed, BLOCK_N) - _unpack(zeros, BLOCK_N)).to(tl.float32) * scales.to(tl.float32)
+    w = (unpack_nibbles(packed, BLOCK_N) - unpack_nibbles(zeros, BLOCK_N)).to(tl.float32) * scales.to(tl.float32)
     tl.store(out_ptr + offs_k[:, None] * N + offs_n[None, :], w.to(out_ptr.dtype.element_ty), mask=mask)
 
 

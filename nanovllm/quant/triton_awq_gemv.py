@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from nanovllm.quant.awq import awq_gemm_ref
-from nanovllm.quant.triton_awq import _unpack, num_sms
+from nanovllm.quant.triton_awq import num_sms, unpack_nibbles
 
 __all__ = ["awq_gemv", "awq_gemm_ref"]
 
@@ -36,10 +36,10 @@ def _awq_gemv_kernel(x_ptr, qweight_ptr, qzeros_ptr, scales_ptr, out_ptr, N, K, 
             x = tl.load(x_ptr + token * stride_xm + offs_k).to(tl.float32)                    # [BLOCK_K]
             packed = tl.load(qweight_ptr + offs_k[:, None] * (N // 8) + offs_w[None, :], mask=w_ok[None, :],
                              other=0)
-            qx += tl.sum(_unpack(packed, BLOCK_N).to(tl.float32) * x[:, None], axis=0)
+            qx += tl.sum(unpack_nibbles(packed, BLOCK_N).to(tl.float32) * x[:, None], axis=0)
             x_sum += tl.sum(x, axis=0)
         zeros = tl.load(qzeros_ptr + g * (N // 8) + offs_w, mask=w_ok, other=0)[None, :]
-        z = tl.sum(_unpack(zeros, BLOCK_N), axis=0).to(tl.float32)                             # [BLOCK_N]
+        z = tl.sum(unpack_nibbles(zeros, BLOCK_N), axis=0).to(tl.float32)                             # [BLOCK_N]
         s = tl.load(scales_ptr + g * N + offs_n, mask=n_ok, other=0.0).to(tl.float32)
         acc += s * (qx - z * x_sum)
     tl.atomic_add(out_ptr + token * stride_om + offs_n, acc, mask=n_ok)
