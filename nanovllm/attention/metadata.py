@@ -2,6 +2,7 @@
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -22,6 +23,13 @@ class AttentionMetadata:
     context_lens_cpu: list[int]   # host copies, so reference code needs no device sync
     cu_seqlens_q_cpu: list[int]
     num_decode_splits: int = 1    # split-KV factor of the decode kernel (fixed per CUDA graph)
+    decode_order: torch.Tensor | None = None   # [num_seqs] int32: rows by descending context (launch order)
+
+
+def decode_order(context_lens) -> np.ndarray:
+    """Rows by descending context length (int32): the launch order in which a decode kernel's longest
+    programs start first and the short ones fill the gaps (longest-job-first scheduling)."""
+    return np.argsort(-np.asarray(context_lens), kind="stable").astype(np.int32)
 
 
 _current: AttentionMetadata | None = None

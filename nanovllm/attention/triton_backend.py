@@ -32,4 +32,5 @@ class TritonBackend:
         if meta.is_prefill:
             return prefill_attention(q, cache, meta.block_tables, meta.context_lens, meta.cu_seqlens_q,
                                      meta.max_seqlen_q, scale)
-        return decode_attention(q, cache, meta.block_tables, meta.context_lens, scale, meta.num_decode_splits)
+        return decode_attention(q, cache, meta.block_tables, meta.context_lens, scale, meta.num_decode_splits,
+                                order=meta.decode_order)

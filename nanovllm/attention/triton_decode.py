@@ -2,7 +2,11 @@
 
 Decode is bound by reading the KV cache, so each byte is read once: one program serves all GROUP query
 heads that share a KV head (padded to BLOCK_G rows for tl.dot) over one slice of the context.
-Grid: (sequences, KV heads, NUM_SPLITS). With one split the program normalizes and writes the output;
+Grid: (KV heads, sequences, NUM_SPLITS), in launch order. Programs of one batch differ in length by the
+sequence's context (100 to 2,000 keys in bench.py), and the GPU starts them in launch order: a long one
+started last would run alone at the end. With `order` (the batch's rows, longest context first; the model
+runner passes it) the longest start first and the short ones fill the gaps, as longest-job-first
+scheduling does. With one split the program normalizes and writes the output;
 with several, each writes its unnormalized accumulator and its softmax statistics (max m, sum l) and a
 second kernel combines them:
     out = sum_i exp2(m_i - M) acc_i / sum_i exp2(m_i - M) l_i,   M = max_i m_i.
@@ -57,12 +61,14 @@ __all__ = ["decode_attention", "paged_attention_ref"]
 
 @triton.jit
 def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
-                   block_tables_ptr, context_lens_ptr, qk_scale,
+                   block_tables_ptr, context_lens_ptr, order_ptr, qk_scale,
                    stride_qt, stride_qh, stride_ot, stride_oh, stride_bt, stride_cb, stride_cs, stride_ch, stride_ss,
                    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                   QUANT: tl.constexpr, USE_DOT: tl.constexpr):
-    seq, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+                   QUANT: tl.constexpr, USE_DOT: tl.constexpr, ORDERED: tl.constexpr):
+    kv_head, seq, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    if ORDERED:
+        seq = tl.load(order_ptr + seq)
     context_len = tl.load(context_lens_ptr + seq)
     split_len = tl.cdiv(tl.cdiv(context_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
     start = split * split_len
@@ -99,7 +105,7 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, ou
         tl.store(out_ptr + seq * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=head_ok[:, None])
     else:
-        row = (seq * (tl.num_programs(1) * GROUP) + heads) * NUM_SPLITS + split     # [BLOCK_G]
+        row = (seq * (tl.num_programs(0) * GROUP) + heads) * NUM_SPLITS + split     # [BLOCK_G]
         tl.store(part_acc_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=head_ok[:, None])
         tl.store(part_ml_ptr + row * 2, m_i, mask=head_ok)
         tl.store(part_ml_ptr + row * 2 + 1, l_i, mask=head_ok)
@@ -128,9 +134,12 @@ def num_decode_splits(num_seqs: int, num_kv_heads: int, max_context_len: int, nu
 
 
 def decode_attention(q: torch.Tensor, cache: LayerKVCache, block_tables: torch.Tensor, context_lens: torch.Tensor,
-                     scale: float, num_splits: int = 1, settings: dict | None = None) -> torch.Tensor:
+                     scale: float, num_splits: int = 1, settings: dict | None = None,
+                     order: torch.Tensor | None = None) -> torch.Tensor:
     """q [num_seqs, num_heads, head_dim] (one token each) -> out of the same shape. `settings`: launch
-    settings ({"block_n", "num_warps", "num_stages", "use_dot"}), by default the tuned ones for this GPU."""
+    settings ({"block_n", "num_warps", "num_stages", "use_dot"}), by default the tuned ones for this GPU.
+    `order`: int32 [num_seqs], a permutation of the rows in the order to start them (longest context first;
+    metadata.decode_order); it changes only the speed."""
     k_cache, v_cache = cache.k, cache.v
     num_seqs, num_heads, head_dim = q.shape
     block_size, num_kv_heads = check_paged_inputs(q, cache, block_tables)
@@ -144,11 +153,12 @@ def decode_attention(q: torch.Tensor, cache: LayerKVCache, block_tables: torch.T
     k_scale, v_scale = (cache.k_scale, cache.v_scale) if cache.quantized else (k_cache, v_cache)
     settings = settings or launch_settings(cache)
     use_dot = settings.get("use_dot", True)
-    _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
+    _decode_kernel[(num_kv_heads, num_seqs, num_splits)](
         q, k_cache, v_cache, k_scale, v_scale, out, part_acc, part_ml, block_tables, context_lens,
+        context_lens if order is None else order,
         scale * 1.4426950408889634, q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_scale.stride(1) if cache.quantized else 0,
-        QUANT=cache.quantized,
+        QUANT=cache.quantized, ORDERED=order is not None,
         GROUP=group, BLOCK_G=max(16 if use_dot else 1, triton.next_power_of_2(group)), BLOCK_SIZE=block_size,
         HEAD_DIM=head_dim, USE_DOT=use_dot,
         BLOCK_N=settings["block_n"], NUM_SPLITS=num_splits, DOT_PRECISION=dot_precision(q.dtype),

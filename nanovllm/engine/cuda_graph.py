@@ -1,19 +1,19 @@
 """CUDA graphs for the decode step: one graph per padded batch size, replayed over persistent buffers.
 
-A decode step is ~30 small kernels per layer; launching them one by one from Python costs more than they
-run. A graph records the launches once and replays them with one call. Everything a graph reads must sit
+A decode step is ~10 kernels per layer, ~300 in all; launching them one by one from Python costs more than
+they run. A graph records the launches once and replays them with one call. Everything a graph reads must sit
 at a fixed address, so the step's inputs are written into pinned host buffers and copied into fixed
 device buffers (two copies per step, no new tensors). The host buffers come in pairs used in turn: with
 overlapped steps, the copy of step N-1 may not have run yet when step N's inputs are written. An input
 token still on the GPU (a placeholder on the host) is gathered from the previous step's sampled ids.
 Batch sizes 1, 2, 4, 8, then every 16 up to max_num_seqs (always included) are captured; a batch runs on
 the next larger graph, its padding rows having slot -1 (nothing written) and context length 0 (nothing
-read). Block-table rows are rewritten in
-full each step, so no stale entry survives from an earlier batch.
+read). Block-table rows are rewritten in full each step, so no stale entry survives from an earlier batch.
+The host also writes the decode launch order (rows by descending context, metadata.decode_order).
 """
 import torch
 
-from nanovllm.attention.metadata import AttentionMetadata, use_metadata
+from nanovllm.attention.metadata import AttentionMetadata, decode_order, use_metadata
 from nanovllm.engine.sequence import PLACEHOLDER, Sequence
 
 
@@ -30,15 +30,17 @@ class DecodeGraphs:
         n = config.max_num_seqs
         max_blocks = (config.max_model_len + self.block_size - 1) // self.block_size
         self.sizes = graph_batch_sizes(n)
-        # staging: [input_ids | positions | slot_mapping | source row] int64, [context_lens | block_tables] int32
+        # staging: [input_ids | positions | slot_mapping | source row] int64,
+        # [context_lens | decode order | block_tables] int32
         self.hosts = [(torch.zeros(4 * n, dtype=torch.int64, pin_memory=True),
-                       torch.zeros(n * (1 + max_blocks), dtype=torch.int32, pin_memory=True)) for _ in range(2)]
+                       torch.zeros(n * (2 + max_blocks), dtype=torch.int32, pin_memory=True)) for _ in range(2)]
         self.turn = 0
         self.max_blocks = max_blocks
         self.dev64, self.dev32 = self.hosts[0][0].cuda(), self.hosts[0][1].cuda()
         self.input_ids, self.positions, self.slots, self.src_rows = self.dev64.view(4, n)
-        self.context_lens = self.dev32[:n]
-        self.block_tables = self.dev32[n:].view(n, max_blocks)
+        self.context_lens, self.order = self.dev32[:n], self.dev32[n:2 * n]
+        self.block_tables = self.dev32[2 * n:].view(n, max_blocks)
+        self.order.copy_(torch.arange(n, dtype=torch.int32))    # capture runs read every row
         self.cu_seqlens_q = torch.arange(n + 1, dtype=torch.int32, device="cuda")
         self.outputs = torch.zeros(n, hidden_size, dtype=config.dtype, device="cuda")
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -49,7 +51,7 @@ class DecodeGraphs:
         return AttentionMetadata(is_prefill=False, slot_mapping=self.slots[:bs], context_lens=self.context_lens[:bs],
                                  block_tables=self.block_tables[:bs], cu_seqlens_q=self.cu_seqlens_q[:bs + 1],
                                  max_seqlen_q=1, max_seqlen_k=0, context_lens_cpu=[], cu_seqlens_q_cpu=[],
-                                 num_decode_splits=self.splits[bs])
+                                 num_decode_splits=self.splits[bs], decode_order=self.order[:bs])
 
     @torch.inference_mode()
     def _capture_all(self) -> None:
@@ -77,8 +79,8 @@ class DecodeGraphs:
         host64, host32 = self.hosts[self.turn]
         self.turn ^= 1
         ids, pos, slots, src = host64.numpy().reshape(4, n)
-        ctx = host32.numpy()[:n]
-        tables = host32.numpy()[n:].reshape(n, self.max_blocks)
+        ctx, order = host32.numpy()[:n], host32.numpy()[n:2 * n]
+        tables = host32.numpy()[2 * n:].reshape(n, self.max_blocks)
         tables[:graph_bs] = -1
         gather = False
         for i, seq in enumerate(seqs):
@@ -92,8 +94,9 @@ class DecodeGraphs:
         ids[bs:graph_bs] = pos[bs:graph_bs] = 0
         slots[bs:graph_bs] = -1
         ctx[bs:graph_bs] = 0
+        order[:graph_bs] = decode_order(ctx[:graph_bs])
         self.dev64.copy_(host64, non_blocking=True)
-        width = n + graph_bs * self.max_blocks
+        width = 2 * n + graph_bs * self.max_blocks
         self.dev32[:width].copy_(host32[:width], non_blocking=True)
         if gather:
             src_rows = self.src_rows[:bs]

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from nanovllm.attention.backend import get_attention_backend
-from nanovllm.attention.metadata import AttentionMetadata, use_metadata
+from nanovllm.attention.metadata import AttentionMetadata, decode_order, use_metadata
 from nanovllm.config import Config
 from nanovllm.engine.cuda_graph import DecodeGraphs
 from nanovllm.engine.logprobs import (
@@ -201,8 +201,11 @@ class ModelRunner:
             if end == len(seq):
                 sample_rows.append(i)
         to = dict(device=self.device)
-        num_splits = 1 if batch.is_prefill else self.backend.plan_decode(
-            len(batch.seqs), self.attention_layers[0].num_kv_heads, max(context_lens))
+        num_splits, order = 1, None
+        if not batch.is_prefill:
+            num_splits = self.backend.plan_decode(len(batch.seqs), self.attention_layers[0].num_kv_heads,
+                                                  max(context_lens))
+            order = torch.from_numpy(decode_order(context_lens)).to(**to)
         meta = AttentionMetadata(
             is_prefill=batch.is_prefill,
             slot_mapping=torch.from_numpy(np.concatenate(slots)).to(**to),
@@ -210,7 +213,7 @@ class ModelRunner:
             block_tables=torch.from_numpy(block_tables).to(**to),
             cu_seqlens_q=torch.tensor(cu_q, dtype=torch.int32, **to),
             max_seqlen_q=max(batch.num_new_tokens), max_seqlen_k=max(context_lens),
-            context_lens_cpu=context_lens, cu_seqlens_q_cpu=cu_q, num_decode_splits=num_splits)
+            context_lens_cpu=context_lens, cu_seqlens_q_cpu=cu_q, num_decode_splits=num_splits, decode_order=order)
         ids = torch.from_numpy(np.concatenate(input_ids)).to(**to)
         pos = torch.from_numpy(np.concatenate(positions)).to(**to)
         return ids, pos, meta, sample_rows

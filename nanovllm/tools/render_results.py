@@ -24,10 +24,13 @@ def bench_rows(root: str) -> list[str]:
 
 
 def decode_attention_rows(root: str) -> list[str]:
-    rows = ["| decode attention | batch x context | ms | TB/s of cache read | file |", "|---|---|---|---|---|"]
+    rows = ["| decode attention | batch x context | ms (longest first) | ms (batch order) | TB/s of cache read "
+            "| file |", "|---|---|---|---|---|---|"]
     for path, records in load_records(root, "kv_int8_cache/decode-attention-*.json"):
         for r in records:
-            rows.append(f"| {r['kv_cache_dtype']} | {r['batch']} x {r['context']} | {r['ms']:.3f} | "
+            context = str(r["context"]) if r.get("context_min") is None else f"{r['context_min']}..{r['context']}"
+            unordered = f"{r['unordered_ms']:.3f}" if "unordered_ms" in r else "-"
+            rows.append(f"| {r['kv_cache_dtype']} | {r['batch']} x {context} | {r['ms']:.3f} | {unordered} | "
                         f"{r['tb_per_s']:.2f} | `{path}` |")
     return rows if len(rows) > 2 else []
 

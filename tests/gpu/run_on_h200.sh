@@ -2,8 +2,10 @@
 # What to run on the H200 (device tool), each mode one call of under 10 minutes; results land in $OUT
 # (copy them to benchmark_results/ afterwards and re-render README with nanovllm.tools.render_results).
 #   bash tests/gpu/run_on_h200.sh checks    # GPU tests: kernels at real sizes, engine vs CPU, logprobs, AWQ
+#   bash tests/gpu/run_on_h200.sh quick     # decode attention on bench-like lengths, bench.py bf16
 #   bash tests/gpu/run_on_h200.sh tune      # decode launch settings per KV dtype -> nanovllm/attention/tuned/ (copy back)
-#   bash tests/gpu/run_on_h200.sh bench     # AWQ GEMM, bench.py bf16/int8/fp8, decode attention, AWQ 8B
+#   bash tests/gpu/run_on_h200.sh bench     # AWQ GEMM, bench.py bf16/int8/fp8, decode attention
+#   bash tests/gpu/run_on_h200.sh regress   # AWQ vs bf16 (TPOT, batch 256), regression_test.sh, bench_sharegpt.py
 set -o pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1
@@ -15,8 +17,15 @@ case "${1:-checks}" in
       2>&1 | tee "$OUT/gpu_tests.log" | tail -15
     timeout 200 python -m pytest -q -p no:cacheprovider -n 6 tests/kernels 2>&1 | tee "$OUT/kernel_tests.log" | tail -5
     ;;
-  tune)
-    timeout 150 python tests/kv_quant/bench_decode_attention.py --batch 256 --context 1024 --sweep --write
+  quick)
+    timeout 60 python tests/kv_quant/bench_decode_attention.py --batch 256 --context 2048 --context-min 100 \
+      2>&1 | tail -3
+    cp benchmark_results/kv_int8_cache/decode-attention-b256-c2048-min100.json "$OUT/" 2>/dev/null
+    timeout 85 python bench.py --out "$OUT/bench-auto.json" 2>&1 | tail -1
+    ;;
+  tune)     # bench.py's decode batches: up to 256 sequences of 100 to 2,048 tokens
+    timeout 170 python tests/kv_quant/bench_decode_attention.py --batch 256 --context 2048 --context-min 100 \
+      --sweep --write
     cp nanovllm/attention/tuned/*.json "$OUT/"
     ;;
   bench)
@@ -26,9 +35,16 @@ case "${1:-checks}" in
       timeout 85 python bench.py --kv-cache-dtype "$kv" --out "$OUT/bench-$kv.json" 2>&1 | tail -1
     done
     timeout 35 python tests/kv_quant/bench_decode_attention.py --batch 64 --context 8192 2>&1 | tail -3
-    cp benchmark_results/kv_int8_cache/decode-attention-b64-c8192.json "$OUT/" 2>/dev/null
-    timeout 120 python tests/awq/bench_awq_vs_bf16.py --models Qwen3-8B --num-seqs 0 2>&1 | tail -2
-    cp benchmark_results/quantization_int_4/awq_vs_bf16.json "$OUT/" 2>/dev/null
+    timeout 40 python tests/kv_quant/bench_decode_attention.py --batch 256 --context 2048 --context-min 100 \
+      2>&1 | tail -3
+    cp benchmark_results/kv_int8_cache/decode-attention-*.json "$OUT/" 2>/dev/null
     ;;
-  *) echo "usage: $0 checks|bench"; exit 2 ;;
+  regress)
+    timeout 280 python tests/awq/bench_awq_vs_bf16.py --models Qwen3-0.6B Qwen3-8B 2>&1 | tail -4
+    cp benchmark_results/quantization_int_4/awq_vs_bf16.json benchmark_results/quantization_int_4/report.md "$OUT/"
+    NANOVLLM_REGRESSION_OUT="$OUT/regression" timeout 150 bash regression_test.sh 2>&1 | tee "$OUT/regression.log"
+    timeout 150 python bench_sharegpt.py --num-prompts 100 --out "$OUT/sharegpt.json" 2>&1 | tail -6
+    cp benchmark_results/sharegpt/* "$OUT/" 2>/dev/null
+    ;;
+  *) echo "usage: $0 checks|quick|tune|bench|regress"; exit 2 ;;
 esac

@@ -3,6 +3,7 @@ import pytest
 import torch
 from kernels.attention_cases import make_case, slots_for
 
+from nanovllm.attention.metadata import decode_order
 from nanovllm.attention.torch_ref import paged_attention_ref, store_kv_ref
 from nanovllm.quant.kv import LayerKVCache, dequantize_ref, quantize_ref
 
@@ -106,6 +107,21 @@ def test_decode_matches_reference(dtype, heads, head_dim, block_size, context_le
     ref = paged_attention_ref(q, cache, meta, scale)
     assert not out.isnan().any()
     assert rel_err(out, ref) < TOL[dtype]
+
+
+@pytest.mark.parametrize("num_splits", [1, 2])
+@pytest.mark.parametrize("kv_cache_dtype", KV_DTYPES)
+def test_decode_launch_order_changes_nothing_but_the_order(num_splits, kv_cache_dtype):
+    context_lens = [40, 1, 95, 17, 64]
+    q, cache, meta = make_case([1] * len(context_lens), context_lens, 4, 2, HEAD_DIMS[-1], BLOCK_SIZES[0],
+                               DTYPES[0], DEVICE, kv_cache_dtype=kv_cache_dtype)
+    order = decode_order(context_lens)
+    assert order.tolist() == [2, 4, 0, 3, 1]
+    ordered = decode_attention(q, cache, meta.block_tables, meta.context_lens, 0.1, num_splits,
+                               order=torch.from_numpy(order).to(DEVICE))
+    assert rel_err(ordered, paged_attention_ref(q, cache, meta, 0.1)) < TOL[DTYPES[0]]
+    plain = decode_attention(q, cache, meta.block_tables, meta.context_lens, 0.1, num_splits)
+    torch.testing.assert_close(ordered, plain, rtol=0, atol=0)
 
 
 def test_split_count_fills_the_gpu_and_is_a_power_of_two():

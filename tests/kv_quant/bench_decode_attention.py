@@ -1,14 +1,16 @@
 """Decode-attention microbenchmark: effective bandwidth of the split-KV kernel per KV cache dtype.
 
-    python tests/kv_quant/bench_decode_attention.py [--batch 64] [--context 8192] [--sweep]
+    python tests/kv_quant/bench_decode_attention.py [--batch 64] [--context 8192] [--context-min N] [--sweep]
 
 Qwen3-0.6B attention shape (16 query heads, 8 KV heads, head_dim 128), one layer, blocks scattered over
-the pool. Bytes counted = K and V values (and scales) of every context token, read once; the query and
-output are negligible. Prints one JSON line per dtype and writes them under benchmark_results/kv_int8_cache/.
---sweep instead times each cache dtype over launch settings (keys per tile, warps, stages, tensor-core dot or
-register FMAs) and prints the
-fastest; --write stores the winners in nanovllm/attention/tuned/decode-<GPU>.json, which decode_attention
-reads on that GPU model.
+the pool. Every sequence has --context tokens, or with --context-min a length drawn uniformly from
+[context-min, context] (bench.py's decode batches hold 100 to 2,048); the kernel then runs in the engine's
+launch order (longest first), and the record also gives the time in batch order. Bytes counted = K and V
+values (and scales) of every context token, read once; the query and output are negligible. Prints one
+JSON line per dtype and writes them under benchmark_results/kv_int8_cache/.
+--sweep instead times each cache dtype over launch settings (keys per tile, warps, stages, tensor-core dot
+or register FMAs) and prints the fastest; --write stores the winners in
+nanovllm/attention/tuned/decode-<GPU>.json, which decode_attention reads on that GPU model.
 """
 import argparse
 import itertools
@@ -20,6 +22,7 @@ from datetime import datetime, timezone
 import torch
 from triton.testing import do_bench
 
+from nanovllm.attention.metadata import decode_order
 from nanovllm.attention.triton_decode import (
     DEFAULT_SETTINGS,
     decode_attention,
@@ -33,6 +36,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--context", type=int, default=8192)
+    parser.add_argument("--context-min", type=int, default=None, help="vary lengths in [context-min, context]")
     parser.add_argument("--block-size", type=int, default=256)
     parser.add_argument("--kv-cache-dtype", nargs="+", default=["auto", "int8", "fp8"])
     parser.add_argument("--sweep", action="store_true")
@@ -42,7 +46,14 @@ def main():
     blocks_per_seq = args.context // bs
     num_blocks = args.batch * blocks_per_seq
     tables = torch.randperm(num_blocks, device="cuda").view(args.batch, blocks_per_seq).int()
-    context_lens = torch.full((args.batch,), args.context, dtype=torch.int32, device="cuda")
+    if args.context_min is None:
+        context_lens = torch.full((args.batch,), args.context, dtype=torch.int32)
+    else:
+        context_lens = torch.randint(args.context_min, args.context + 1, (args.batch,), dtype=torch.int32,
+                                     generator=torch.Generator().manual_seed(0))
+    order = torch.from_numpy(decode_order(context_lens.numpy())).cuda()
+    context_lens = context_lens.cuda()
+    tokens = int(context_lens.sum())
     q = torch.randn(args.batch, heads, head_dim, dtype=torch.bfloat16, device="cuda")
     shape = (num_blocks, bs, kv_heads, head_dim)
     k, v = (torch.randn(shape, dtype=torch.bfloat16, device="cuda") for _ in range(2))
@@ -56,14 +67,17 @@ def main():
             (kq, ks), (vq, vs) = quantize_ref(k, kind), quantize_ref(v, kind)
             cache = LayerKVCache(kq, vq, ks, vs)
         if args.sweep:
-            best[kind] = sweep(q, cache, kind, tables, context_lens, splits)
+            best[kind] = sweep(q, cache, kind, tables, context_lens, splits, order)
             continue
-        ms = do_bench(lambda: decode_attention(q, cache, tables, context_lens, head_dim ** -0.5, splits),
+        ms = do_bench(lambda: decode_attention(q, cache, tables, context_lens, head_dim ** -0.5, splits, order=order),
                       warmup=50, rep=300, return_mode="median")
-        nbytes = sum(t.numel() * t.element_size() for t in (cache.k, cache.v, cache.k_scale, cache.v_scale)
-                     if t is not None)
-        records.append({"kv_cache_dtype": kind, "batch": args.batch, "context": args.context, "splits": splits,
-                        "ms": ms, "bytes": nbytes, "tb_per_s": nbytes / ms / 1e9, "gpu": torch.cuda.get_device_name(),
+        unordered_ms = do_bench(lambda: decode_attention(q, cache, tables, context_lens, head_dim ** -0.5, splits),
+                                warmup=50, rep=300, return_mode="median")
+        nbytes = context_bytes(cache, tokens)
+        records.append({"kv_cache_dtype": kind, "batch": args.batch, "context": args.context,
+                        "context_min": args.context_min, "splits": splits, "ms": ms, "unordered_ms": unordered_ms,
+                        "bytes": nbytes, "tb_per_s": nbytes / ms / 1e9, "gpu": torch.cuda.get_device_name(),
+                        "command": "python " + " ".join(sys.argv),
                         "date": datetime.now(timezone.utc).isoformat(timespec="seconds")})
         print(json.dumps(records[-1]))
     if args.sweep:
@@ -71,16 +85,23 @@ def main():
             write_tuned(best, "python " + " ".join(sys.argv))
         return
     os.makedirs("benchmark_results/kv_int8_cache", exist_ok=True)
-    with open(f"benchmark_results/kv_int8_cache/decode-attention-b{args.batch}-c{args.context}.json", "w") as f:
+    name = f"b{args.batch}-c{args.context}" + (f"-min{args.context_min}" if args.context_min is not None else "")
+    with open(f"benchmark_results/kv_int8_cache/decode-attention-{name}.json", "w") as f:
         json.dump(records, f, indent=2)
 
 
-def sweep(q, cache, kind, tables, context_lens, splits) -> dict:
+def context_bytes(cache: LayerKVCache, tokens: int) -> int:
+    """K and V bytes (scales included) of `tokens` cached tokens of one layer."""
+    slots = cache.k.shape[0] * cache.k.shape[1]
+    return sum(t.numel() * t.element_size() for t in (cache.k, cache.v, cache.k_scale, cache.v_scale)
+               if t is not None) * tokens // slots
+
+
+def sweep(q, cache, kind, tables, context_lens, splits, order) -> dict:
     """Time every launch setting on this cache; settings whose output differs from the default's are
     dropped (a broken configuration must not win). Returns the fastest."""
     ref = decode_attention(q, cache, tables, context_lens, 0.1, splits, DEFAULT_SETTINGS)
-    nbytes = sum(t.numel() * t.element_size() for t in (cache.k, cache.v, cache.k_scale, cache.v_scale)
-                 if t is not None)
+    nbytes = context_bytes(cache, int(context_lens.sum()))
     timings = []
     candidates = [(block_n, warps, stages, True) for block_n, warps, stages in
                   itertools.product((32, 64, 128), (4, 8), (2, 3))]
@@ -88,18 +109,18 @@ def sweep(q, cache, kind, tables, context_lens, splits) -> dict:
                    itertools.product((16, 32, 64), (4, 8), (2, 3))]
     for block_n, num_warps, num_stages, use_dot in candidates:
         settings = {"block_n": block_n, "num_warps": num_warps, "num_stages": num_stages, "use_dot": use_dot}
-        out = decode_attention(q, cache, tables, context_lens, 0.1, splits, settings)
+        out = decode_attention(q, cache, tables, context_lens, 0.1, splits, settings, order)
         if not torch.allclose(out.float(), ref.float(), atol=2e-2, rtol=2e-2):
             print(json.dumps({"dropped": settings, "kv_cache_dtype": kind}))
             continue
-        ms = do_bench(lambda: decode_attention(q, cache, tables, context_lens, 0.1, splits, settings),
+        ms = do_bench(lambda: decode_attention(q, cache, tables, context_lens, 0.1, splits, settings, order),
                       warmup=10, rep=50, return_mode="median")
         timings.append((ms, settings))
     timings.sort(key=lambda t: t[0])
     for ms, settings in timings[:3]:
         print(json.dumps({"kv_cache_dtype": kind, **settings, "ms": round(ms, 4),
                           "tb_per_s": round(nbytes / ms / 1e9, 3), "batch": len(context_lens),
-                          "context": int(context_lens[0]), "splits": splits}))
+                          "context": int(context_lens.max()), "splits": splits}))
     return timings[0][1]
 
 
