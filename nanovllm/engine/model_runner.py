@@ -93,6 +93,8 @@ class ModelRunner:
                                  for _ in range(2)]
             self._events = [torch.cuda.Event(), torch.cuda.Event()]
             self._flip = 0
+        if self.device.type == "cuda" and not config.enforce_eager:
+            self._warm_up_sampler()
         logger.info("KV cache (%s): %d blocks of %d tokens = %d tokens", config.kv_cache_dtype,
                     self.num_kvcache_blocks, self.block_size, self.num_kvcache_blocks * self.block_size)
 
@@ -111,6 +113,15 @@ class ModelRunner:
         else:
             load_model(model, config.model)
         return model.eval()
+
+    @torch.inference_mode()
+    def _warm_up_sampler(self) -> None:
+        """Compile the sampling math now, for one row and for many: torch.compile specializes a dimension
+        of size 1, so the last sequence of a batch would otherwise pay a second compilation mid-run."""
+        for rows in (2, 1):
+            logits = torch.zeros(rows, self.vocab_size, dtype=self.config.dtype, device=self.device)
+            self.sampler(logits, self.sampling_inputs.tensors([Sequence([0]) for _ in range(rows)]))
+        self.sampling_inputs.key = None
 
     # ---- KV cache -------------------------------------------------------------------------------
     def block_bytes(self) -> int:

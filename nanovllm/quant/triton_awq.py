@@ -111,13 +111,17 @@ def tuned_methods_path(gpu_name: str) -> str:
 
 
 @functools.cache
-def tuned_methods(gpu_name: str) -> list[tuple[int, str]]:
-    """[(token count, fastest method)] that `tests/awq/bench_gemm.py --write` measured on this GPU model."""
+def tuned_methods(gpu_name: str, k: int = 0, n: int = 0) -> list[tuple[int, str]]:
+    """[(token count, fastest method)] that `tests/awq/bench_gemm.py --write` measured on this GPU model:
+    for the layer shape [k, n] when it was measured (the winner differs per shape), else summed over the
+    measured layers."""
     path = tuned_methods_path(gpu_name)
     if not os.path.exists(path):
         return []
     with open(path) as f:
-        return sorted((int(tokens), method) for tokens, method in json.load(f)["fastest"].items())
+        record = json.load(f)
+    fastest = record.get("fastest_by_shape", {}).get(f"{k}x{n}", record["fastest"])
+    return sorted((int(tokens), method) for tokens, method in fastest.items())
 
 
 def pick_method(num_tokens: int, table: list[tuple[int, str]]) -> str:
@@ -139,7 +143,7 @@ def awq_gemm(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scale
     assert method in (None, *AWQ_METHODS), method
     tiles_fit = group_size >= 16 and group_size == triton.next_power_of_2(group_size)   # K tile within a group
     if method is None:
-        table = tuned_methods(torch.cuda.get_device_name(x.device)) if x.is_cuda else []
+        table = tuned_methods(torch.cuda.get_device_name(x.device), K, scales.shape[1]) if x.is_cuda else []
         method = pick_method(M, table) if tiles_fit else "dequant"
     if method == "dequant":
         return x @ awq_dequantize(qweight, qzeros, scales, group_size, x.dtype)

@@ -36,13 +36,17 @@ def decode_attention_rows(root: str) -> list[str]:
 
 
 def awq_rows(root: str) -> list[str]:
-    rows = ["| AWQ vs bf16 | weight memory AWQ/bf16 | TPOT batch 1 bf16 / AWQ (ms) | AWQ/bf16 TPOT | GPU | date "
-            "| file |", "|---|---|---|---|---|---|---|"]
+    rows = ["| AWQ vs bf16 | weight memory AWQ/bf16 | TPOT batch 1 bf16 / AWQ (ms) | AWQ/bf16 TPOT "
+            "| batch-256 tok/s bf16 / AWQ | AWQ/bf16 throughput | GPU | date | file |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for path, record in load_records(root, "quantization_int_4/awq_vs_bf16.json"):
         for r in record["rows"]:
+            bf16, awq = r["bf16"].get("throughput"), r["awq"].get("throughput")
+            speed = (f"{bf16['tokens_per_s']:,.0f} / {awq['tokens_per_s']:,.0f} | {r['throughput_ratio']:.2f}"
+                     if bf16 and awq else "- | -")
             rows.append(f"| {r['model']} (dummy) | {r['weight_memory_ratio']:.3f} | "
                         f"{r['bf16']['tpot_ms_batch1']:.2f} / {r['awq']['tpot_ms_batch1']:.2f} | "
-                        f"{r['tpot_ratio']:.2f} | {r['bf16']['gpu']} | "
+                        f"{r['tpot_ratio']:.2f} | {speed} | {r['bf16']['gpu']} | "
                         f"{record['date'][:10]} | `{path}` |")
     return rows if len(rows) > 2 else []
 

@@ -3,11 +3,13 @@ cuBLAS, by token count.
 
 `python tests/awq/bench_gemm.py` times Qwen3-8B's qkv, gate_up and down shapes at M = 1..4096 tokens with
 CUDA events (triton.testing.do_bench), and writes benchmark_results/quantization_int_4/awq_gemm.json.
-With --write, the fastest method per token count (summed over the three layers) goes to
-nanovllm/quant/tuned/awq-<GPU>.json, which `awq_gemm` then follows on that GPU model. The 4-bit weight is 3.9x fewer
+With --write, the fastest method per token count, per layer shape and summed over the three layers (for
+shapes not measured), goes to nanovllm/quant/tuned/awq-<GPU>.json, which `awq_gemm` then follows on that GPU
+model; `--from FILE --write` derives it from a saved awq_gemm.json without timing again. The 4-bit weight is 3.9x fewer
 bytes than bf16, so at small M (memory-bound) the fused kernel should be well under bf16's time.
 """
 import argparse
+import json
 import os
 import sys
 from datetime import datetime, timezone
@@ -33,7 +35,14 @@ def main():
     parser.add_argument("--tokens", type=int, nargs="+", default=[1, 16, 64, 128, 256, 512, 1024, 4096])
     parser.add_argument("--out", default="benchmark_results/quantization_int_4/awq_gemm.json")
     parser.add_argument("--write", action="store_true", help="store the fastest method per token count")
+    parser.add_argument("--from", dest="saved", default=None, help="a saved awq_gemm.json to derive the table from")
     args = parser.parse_args()
+    if args.saved:
+        with open(args.saved) as f:
+            record = json.load(f)
+        if args.write:
+            write_tuned(record, f"{record['command']} (table re-derived by python {' '.join(sys.argv)})")
+        return
     rows = []
     for name, (k, n) in SHAPES.items():
         w = torch.randn(n, k, device="cuda") * 0.02
@@ -60,8 +69,15 @@ def main():
               "versions": {"torch": torch.__version__, "triton": triton.__version__}}
     save_record(record, args.out)
     if args.write:
-        save_record({"fastest": fastest_methods(rows), **{k: record[k] for k in ("gpu", "command", "date")}},
-                    tuned_methods_path(record["gpu"]))
+        write_tuned(record, record["command"])
+
+
+def write_tuned(record: dict, command: str) -> None:
+    rows = record["rows"]
+    by_shape = {f"{k}x{n}": fastest_methods([row for row in rows if (row["k"], row["n"]) == (k, n)])
+                for k, n in sorted({(row["k"], row["n"]) for row in rows})}
+    save_record({"fastest": fastest_methods(rows), "fastest_by_shape": by_shape, "gpu": record["gpu"],
+                 "command": command, "date": record["date"]}, tuned_methods_path(record["gpu"]))
 
 
 def fastest_methods(rows: list[dict]) -> dict[str, str]:

@@ -99,6 +99,22 @@ def test_measured_fastest_method_is_followed(tmp_path, monkeypatch):
     triton_awq.tuned_methods.cache_clear()
 
 
+def test_measured_fastest_method_per_layer_shape(tmp_path, monkeypatch):
+    pytest.importorskip("triton")
+    from awq.bench_gemm import write_tuned
+    from nanovllm.quant import triton_awq
+    rows = [{"k": k, "n": n, "tokens": m, "fused_us": f, "gemv_us": g, "dequant_matmul_us": d}
+            for k, n, m, f, g, d in [(64, 32, 1, 5.0, 6.0, 2.0), (64, 32, 64, 8.0, None, 7.0),
+                                     (32, 64, 1, 5.0, 6.0, 9.0), (32, 64, 64, 9.0, None, 9.5)]]
+    monkeypatch.setattr(triton_awq, "TUNED_DIR", str(tmp_path))
+    triton_awq.tuned_methods.cache_clear()
+    write_tuned({"rows": rows, "gpu": "Some GPU", "date": "today"}, "test")
+    assert triton_awq.tuned_methods("Some GPU", 64, 32) == [(1, "dequant"), (64, "dequant")]
+    assert triton_awq.tuned_methods("Some GPU", 32, 64) == [(1, "fused"), (64, "fused")]
+    assert triton_awq.tuned_methods("Some GPU", 128, 128) == [(1, "fused"), (64, "dequant")]   # summed: 10/12/11
+    triton_awq.tuned_methods.cache_clear()
+
+
 @functools.cache
 def real_size_weight(k, n):
     g = torch.Generator(device="cuda").manual_seed(k + n)
