@@ -2,7 +2,8 @@
 
 256 sequences (random.seed(0)), prompt ids randint(0, 10000), prompt lengths and max_tokens each
 randint(100, 1024), temperature 0.6, ignore_eos; one warm-up generate; the timed run counts prefill and
-decode; throughput = output tokens / seconds. Without a local checkpoint the shipped Qwen3-0.6B config
+decode; throughput = output tokens / seconds. `--repeat N` times N runs on the same engine and reports the
+median run (all N times are in `runs_seconds`). Without a local checkpoint the shipped Qwen3-0.6B config
 runs with random weights (load_format="dummy"), and the output says so.
 """
 import argparse
@@ -63,15 +64,20 @@ def run_nanovllm(args, model, load_format, prompts, max_tokens) -> dict:
     warm = prompts[:8]
     llm.generate(warm, [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=8)] * len(warm), use_tqdm=False)
     torch.cuda.synchronize() if torch.cuda.is_available() else None
-    llm.stats = dict.fromkeys(llm.stats, 0)
-    start = time.perf_counter()
-    outs = llm.generate(prompts, params, use_tqdm=False)
-    seconds = time.perf_counter() - start
-    assert all(len(o["token_ids"]) == n for o, n in zip(outs, max_tokens)), "a sequence stopped early"
-    return {"seconds": seconds, "output_tokens": sum(len(o["token_ids"]) for o in outs),
+    runs = []
+    for _ in range(args.repeat):     # the same engine, the same workload: run-to-run spread without restarts
+        llm.stats = dict.fromkeys(llm.stats, 0)
+        assert llm.reset_prefix_cache()   # a repeat must not find its prompts cached
+        start = time.perf_counter()
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        seconds = time.perf_counter() - start
+        assert all(len(o["token_ids"]) == n for o, n in zip(outs, max_tokens)), "a sequence stopped early"
+        runs.append({"seconds": seconds, "output_tokens": sum(len(o["token_ids"]) for o in outs),
+                     "step_stats": {k: round(v, 3) for k, v in llm.stats.items()}})
+    median = sorted(runs, key=lambda r: r["seconds"])[len(runs) // 2]
+    return {**median, "runs_seconds": [round(r["seconds"], 3) for r in runs],
             "kv_cache_tokens": llm.model_runner.num_kvcache_blocks * llm.config.kvcache_block_size,
-            "preemptions": llm.scheduler.num_preemptions,
-            "step_stats": {k: round(v, 3) for k, v in llm.stats.items()}}
+            "preemptions": llm.scheduler.num_preemptions}
 
 
 def run_hf(args, model, load_format, prompts, max_tokens) -> dict:
@@ -118,6 +124,7 @@ def main():
     parser.add_argument("--kv-cache-dtype", default="auto")
     parser.add_argument("--attention-backend", default="auto")
     parser.add_argument("--tensor-parallel-size", type=int, default=1)
+    parser.add_argument("--repeat", type=int, default=1, help="timed runs (nanovllm); the median is reported")
     parser.add_argument("--out", default=None, help="JSON file (default: benchmark_results/bench/<engine>-...json)")
     args = parser.parse_args()
 

@@ -142,3 +142,16 @@ def test_disabled_prefix_caching_never_hits():
     b = seq_of(range(40))
     bm.allocate(b)
     assert b.num_cached_tokens == 0
+
+
+def test_reset_prefix_cache_forgets_blocks_only_when_all_are_free():
+    bm = BlockManager(10, BS)
+    a = seq_of(range(50))
+    bm.allocate(a)
+    fill(bm, a)
+    assert not bm.reset_prefix_cache()           # a still holds its blocks
+    bm.deallocate(a)
+    assert bm.reset_prefix_cache()
+    b = seq_of(range(50))
+    bm.allocate(b)
+    assert b.num_cached_tokens == 0 and bm.hash_to_block_id == {}

@@ -49,6 +49,14 @@ class BlockManager:
             del self.hash_to_block_id[block.hash]
         block.hash, block.token_ids = -1, []
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block (as vLLM's reset_prefix_cache); refused (False) while blocks are in use."""
+        if self.num_free_blocks != len(self.blocks):
+            return False
+        for block in self.blocks:
+            self._evict(block)
+        return True
+
     def _lookup(self, seq: Sequence) -> list[int]:
         """Block ids of the longest cached prefix. The block holding the last token is never taken from
         the cache, so that token is always computed and yields logits."""

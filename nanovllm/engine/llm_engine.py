@@ -57,6 +57,10 @@ class LLMEngine:
         if runner is not None:
             runner.shutdown()
 
+    def reset_prefix_cache(self) -> bool:
+        """Drop the prefix cache, e.g. between benchmark runs of the same prompts; False while requests run."""
+        return self.scheduler.block_manager.reset_prefix_cache()
+
     def __del__(self):
         self.shutdown()
 
