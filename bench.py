@@ -67,7 +67,8 @@ def run_nanovllm(args, model, load_format, prompts, max_tokens) -> dict:
     runs = []
     for _ in range(args.repeat):     # the same engine, the same workload: run-to-run spread without restarts
         llm.stats = dict.fromkeys(llm.stats, 0)
-        assert llm.reset_prefix_cache()   # a repeat must not find its prompts cached
+        if not llm.reset_prefix_cache():   # a repeat must not find its prompts cached
+            raise RuntimeError("the prefix cache could not be reset: requests still hold blocks")
         start = time.perf_counter()
         outs = llm.generate(prompts, params, use_tqdm=False)
         seconds = time.perf_counter() - start

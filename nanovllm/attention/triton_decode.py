@@ -22,7 +22,6 @@ ships tuned kernel configs per device; DEFAULT_SETTINGS elsewhere.
 Reference: `paged_attention_ref` with one query per sequence.
 """
 import functools
-import json
 import os
 
 import torch
@@ -32,23 +31,20 @@ import triton.language as tl
 from nanovllm.attention.torch_ref import dot_precision, kv_cache_kind, paged_attention_ref
 from nanovllm.attention.triton_tiles import check_paged_inputs, key_scales, load_kv_tile, online_softmax
 from nanovllm.quant.kv import LayerKVCache
+from nanovllm.utils.tuned import read_tuned, tuned_path
 
 DEFAULT_SETTINGS = {"block_n": 64, "num_warps": 4, "num_stages": 3, "use_dot": True}
 TUNED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuned")
 
 
 def tuned_settings_path(gpu_name: str) -> str:
-    return os.path.join(TUNED_DIR, f"decode-{gpu_name.replace(' ', '_')}.json")
+    return tuned_path(TUNED_DIR, "decode", gpu_name)
 
 
 @functools.cache
 def tuned_settings(gpu_name: str) -> dict[str, dict]:
     """KV cache dtype -> launch settings measured fastest on this GPU model ({} if never measured)."""
-    path = tuned_settings_path(gpu_name)
-    if not os.path.exists(path):
-        return {}
-    with open(path) as f:
-        return json.load(f)["settings"]
+    return read_tuned(TUNED_DIR, "decode", gpu_name).get("settings", {})
 
 
 def launch_settings(cache: LayerKVCache) -> dict:

@@ -22,7 +22,7 @@ from nanovllm.engine.scheduler import ScheduledBatch
 from nanovllm.engine.sequence import Sequence
 from nanovllm.engine.tp_worker import WorkerGroup
 from nanovllm.layers.attention import Attention
-from nanovllm.layers.sampler import Sampler
+from nanovllm.layers.sampler import Sampler, SamplingTensors
 from nanovllm.models import get_model_class
 from nanovllm.quant import kv as kv_quant
 from nanovllm.quant.awq import read_awq_config
@@ -119,9 +119,11 @@ class ModelRunner:
         """Compile the sampling math now, for one row and for many: torch.compile specializes a dimension
         of size 1, so the last sequence of a batch would otherwise pay a second compilation mid-run."""
         for rows in (2, 1):
-            logits = torch.zeros(rows, self.vocab_size, dtype=self.config.dtype, device=self.device)
-            self.sampler(logits, self.sampling_inputs.tensors([Sequence([0]) for _ in range(rows)]))
-        self.sampling_inputs.key = None
+            ones = torch.ones(rows, device=self.device)
+            self.sampler(torch.zeros(rows, self.vocab_size, dtype=self.config.dtype, device=self.device),
+                         SamplingTensors(temperatures=ones, top_ks=ones * self.vocab_size, top_ps=ones,
+                                         min_ps=ones * 0, generators=[None] * rows, needs_filter=False,
+                                         all_greedy=False))
 
     # ---- KV cache -------------------------------------------------------------------------------
     def block_bytes(self) -> int:

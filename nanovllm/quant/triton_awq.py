@@ -12,7 +12,6 @@ dequantized once into a temporary and cuBLAS does the matmul, which beats unpack
 Reference: `awq_gemm_ref` (dequantize, then matmul).
 """
 import functools
-import json
 import os
 
 import torch
@@ -21,6 +20,7 @@ import triton.language as tl
 
 from nanovllm.attention.torch_ref import dot_precision
 from nanovllm.quant.awq import awq_gemm_ref, dequantize_awq
+from nanovllm.utils.tuned import read_tuned, tuned_path
 
 __all__ = ["awq_gemm", "awq_gemm_ref", "awq_dequantize", "dequantize_awq"]
 DEQUANT_MIN_TOKENS = 128   # from this many tokens on, dequantize once and use cuBLAS (see awq_benchmark.md)
@@ -107,7 +107,7 @@ TUNED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuned")
 
 
 def tuned_methods_path(gpu_name: str) -> str:
-    return os.path.join(TUNED_DIR, f"awq-{gpu_name.replace(' ', '_')}.json")
+    return tuned_path(TUNED_DIR, "awq", gpu_name)
 
 
 @functools.cache
@@ -115,11 +115,9 @@ def tuned_methods(gpu_name: str, k: int = 0, n: int = 0) -> list[tuple[int, str]
     """[(token count, fastest method)] that `tests/awq/bench_gemm.py --write` measured on this GPU model:
     for the layer shape [k, n] when it was measured (the winner differs per shape), else summed over the
     measured layers."""
-    path = tuned_methods_path(gpu_name)
-    if not os.path.exists(path):
+    record = read_tuned(TUNED_DIR, "awq", gpu_name)
+    if not record:
         return []
-    with open(path) as f:
-        record = json.load(f)
     fastest = record.get("fastest_by_shape", {}).get(f"{k}x{n}", record["fastest"])
     return sorted((int(tokens), method) for tokens, method in fastest.items())
 

@@ -25,11 +25,14 @@ from triton.testing import do_bench
 from nanovllm.attention.metadata import decode_order
 from nanovllm.attention.triton_decode import (
     DEFAULT_SETTINGS,
+    TUNED_DIR,
     decode_attention,
     num_decode_splits,
     tuned_settings_path,
 )
 from nanovllm.quant.kv import LayerKVCache, quantize_ref
+from nanovllm.utils.results import save_record
+from nanovllm.utils.tuned import read_tuned
 
 
 def main():
@@ -126,18 +129,11 @@ def sweep(q, cache, kind, tables, context_lens, splits, order) -> dict:
 
 def write_tuned(best: dict[str, dict], command: str) -> None:
     """Merge into the package's tuned settings for this GPU model (read by decode_attention)."""
-    path = tuned_settings_path(torch.cuda.get_device_name())
-    record = {"settings": {}}
-    if os.path.exists(path):
-        with open(path) as f:
-            record = json.load(f)
-    record["settings"].update(best)
-    record.update(gpu=torch.cuda.get_device_name(), command=command,
-                  date=datetime.now(timezone.utc).isoformat(timespec="seconds"))
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(record, f, indent=2)
-    print(f"wrote {path}")
+    gpu = torch.cuda.get_device_name()
+    record = read_tuned(TUNED_DIR, "decode", gpu)
+    record["settings"] = {**record.get("settings", {}), **best}
+    record.update(gpu=gpu, command=command, date=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    save_record(record, tuned_settings_path(gpu))
 
 
 if __name__ == "__main__":
