@@ -7,13 +7,16 @@ JSON line (and writes it with --out).
 import argparse
 import json
 import random
+import sys
 import time
+from datetime import datetime, timezone
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 from nanovllm import LLM, SamplingParams
 from nanovllm.configs import shipped_config_dir
+from nanovllm.utils.results import save_record
 
 
 def busy_intervals(prof) -> list[tuple[float, float]]:
@@ -92,11 +95,12 @@ def main():
               "wall_ms_per_step": 1e3 * wall / args.steps,
               "gpu_busy_ms_per_step": busy / 1e3 / args.steps, "idle_fraction": round(1 - busy / window, 4),
               "enforce_eager": args.enforce_eager, "gpu": torch.cuda.get_device_name(),
-              "top_kernels_ms_per_step": top_kernels(prof, args.steps)}
-    print(json.dumps(record))
+              "top_kernels_ms_per_step": top_kernels(prof, args.steps), "command": "python " + " ".join(sys.argv),
+              "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(record, f, indent=2)
+        save_record(record, args.out)
+    else:
+        print(json.dumps(record))
 
 
 if __name__ == "__main__":

@@ -25,13 +25,13 @@ def bench_rows(root: str) -> list[str]:
 
 def decode_attention_rows(root: str) -> list[str]:
     rows = ["| decode attention | batch x context | ms (longest first) | ms (batch order) | TB/s of cache read "
-            "| file |", "|---|---|---|---|---|---|"]
+            "| GPU | file |", "|---|---|---|---|---|---|---|"]
     for path, records in load_records(root, "kv_int8_cache/decode-attention-*.json"):
         for r in records:
             context = str(r["context"]) if r.get("context_min") is None else f"{r['context_min']}..{r['context']}"
             unordered = f"{r['unordered_ms']:.3f}" if "unordered_ms" in r else "-"
             rows.append(f"| {r['kv_cache_dtype']} | {r['batch']} x {context} | {r['ms']:.3f} | {unordered} | "
-                        f"{r['tb_per_s']:.2f} | `{path}` |")
+                        f"{r['tb_per_s']:.2f} | {r.get('gpu', '-')} | `{path}` |")
     return rows if len(rows) > 2 else []
 
 
@@ -64,6 +64,21 @@ def profile_rows(root: str) -> list[str]:
     return rows
 
 
+def sharegpt_rows(root: str) -> list[str]:
+    rows = ["| conversations | config | tokens/s | TTFT mean / p99 (ms) | TPOT mean / p99 (ms) | KV capacity (tokens) "
+            "| GPU | date | file |", "|---|---|---|---|---|---|---|---|---|"]
+    for path, record in load_records(root, "sharegpt/*.json"):
+        for r in record["configs"]:
+            if "error" in r:
+                rows.append(f"| {record['dataset']} | {r['config']} | failed: {r['error']} | | | | | | `{path}` |")
+                continue
+            rows.append(f"| {record['dataset']} | {r['config']} | {r['tokens_per_s']:,.0f} | "
+                        f"{1e3 * r['ttft_mean_s']:.0f} / {1e3 * r['ttft_p99_s']:.0f} | "
+                        f"{1e3 * r['tpot_mean_s']:.2f} / {1e3 * r['tpot_p99_s']:.2f} | {r['kv_capacity_tokens']:,} | "
+                        f"{r['device']} | {record['date'][:10]} | `{path}` |")
+    return rows if len(rows) > 2 else []
+
+
 def quality_rows(root: str) -> list[str]:
     rows = ["| KV cache | model | device | greedy agreement | teacher-forced top-1 | mean KL | capacity x | file |",
             "|---|---|---|---|---|---|---|---|"]
@@ -81,7 +96,8 @@ def render(readme: str = "README.md", root: str = "benchmark_results") -> None:
         raise ValueError(f"{readme} lacks the markers {START} and {END}")
     head, rest = text.split(START, 1)
     _, tail = rest.split(END, 1)
-    parts = [bench_rows(root), profile_rows(root), decode_attention_rows(root), quality_rows(root), awq_rows(root)]
+    parts = [bench_rows(root), profile_rows(root), decode_attention_rows(root), quality_rows(root), awq_rows(root),
+             sharegpt_rows(root)]
     table = "\n\n".join("\n".join(rows) for rows in parts if rows)
     with open(readme, "w") as f:
         f.write(f"{head}{START}\n{table}\n{END}{tail}")
