@@ -13,10 +13,12 @@ second kernel combines them:
 Context lengths are read on the device, so the launch is the same for every step and fits a CUDA graph.
 INT8/FP8 caches are converted in registers; K's scales multiply the score columns and V's the probability
 columns, so the quantized cache is read once and never expanded in memory.
-Scores and the weighted sum of V use tl.dot (tensor cores, the group padded to 16 rows) or, with
-use_dot False, broadcast FMAs in registers, which skip the padding and the trip of a converted INT8/FP8
-tile through shared memory. That choice and the launch settings (keys per tile, warps, pipeline stages)
-come per GPU model and KV cache dtype from
+Scores and the weighted sum of V use tl.dot (tensor cores, the group padded to 16 rows); Triton's pipeliner
+copies the next K/V tile into shared memory (cp.async) while the current one is computed. An FP8 tile is
+converted to float16 (one instruction per two values; to bfloat16 it takes several per value), so with an
+FP8 cache the dots run in float16 (the query converted once). INT8 stays on bfloat16, for which Triton has a
+fast byte-to-bfloat16 conversion (its INT8-to-float16 one is a quarter-rate instruction per value).
+Launch settings (keys per tile, warps, pipeline stages) come per GPU model and KV cache dtype from
 tuned/decode-<GPU>.json, written by `tests/kv_quant/bench_decode_attention.py --sweep --write`, as vLLM
 ships tuned kernel configs per device; DEFAULT_SETTINGS elsewhere.
 Reference: `paged_attention_ref` with one query per sequence.
@@ -33,7 +35,7 @@ from nanovllm.attention.triton_tiles import check_paged_inputs, key_scales, load
 from nanovllm.quant.kv import LayerKVCache
 from nanovllm.utils.tuned import read_tuned, tuned_path
 
-DEFAULT_SETTINGS = {"block_n": 64, "num_warps": 4, "num_stages": 3, "use_dot": True}
+DEFAULT_SETTINGS = {"block_n": 64, "num_warps": 4, "num_stages": 3}
 TUNED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuned")
 
 
@@ -52,6 +54,7 @@ def launch_settings(cache: LayerKVCache) -> dict:
         return DEFAULT_SETTINGS
     return tuned_settings(torch.cuda.get_device_name(cache.k.device)).get(kv_cache_kind(cache), DEFAULT_SETTINGS)
 
+
 __all__ = ["decode_attention", "paged_attention_ref"]
 
 
@@ -61,7 +64,7 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, ou
                    stride_qt, stride_qh, stride_ot, stride_oh, stride_bt, stride_cb, stride_cs, stride_ch, stride_ss,
                    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                   QUANT: tl.constexpr, USE_DOT: tl.constexpr, ORDERED: tl.constexpr):
+                   QUANT: tl.constexpr, DOT_FP16: tl.constexpr, ORDERED: tl.constexpr):
     kv_head, seq, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if ORDERED:
         seq = tl.load(order_ptr + seq)
@@ -75,6 +78,8 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, ou
     head_ok = offs_g < GROUP
     q = tl.load(q_ptr + seq * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
                 mask=head_ok[:, None], other=0.0)
+    if DOT_FP16:   # FP8 cache: the dots run in float16
+        q = q.to(tl.float16)
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
@@ -83,19 +88,13 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, ou
         key_ok = offs_n < end
         k, v, slots = load_kv_tile(k_cache_ptr, v_cache_ptr, block_tables_ptr, seq, kv_head, offs_n, key_ok,
                                    stride_bt, stride_cb, stride_cs, stride_ch, BLOCK_SIZE, HEAD_DIM)
-        if USE_DOT:   # tensor cores, the group padded to 16 rows
-            s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_G, BLOCK_N]
-        else:         # FMAs in registers: no padding, no trip of the converted tile through shared memory
-            s = tl.sum(q.to(tl.float32)[:, None, :] * k.to(tl.float32)[None, :, :], axis=2) * qk_scale
+        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * qk_scale
         if QUANT:   # K's per-key scales multiply the score columns
             s = s * key_scales(k_scale_ptr, slots, kv_head, key_ok, stride_ss)
         p, alpha, m_i, l_i = online_softmax(tl.where(key_ok[None, :], s, float("-inf")), m_i, l_i)
         if QUANT:   # V's per-key scales multiply the probability columns (after l is updated)
             p = p * key_scales(v_scale_ptr, slots, kv_head, key_ok, stride_ss)
-        if USE_DOT:
-            acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
-        else:
-            acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
     if NUM_SPLITS == 1:
         out = acc / l_i[:, None]
         tl.store(out_ptr + seq * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
@@ -133,7 +132,7 @@ def decode_attention(q: torch.Tensor, cache: LayerKVCache, block_tables: torch.T
                      scale: float, num_splits: int = 1, settings: dict | None = None,
                      order: torch.Tensor | None = None) -> torch.Tensor:
     """q [num_seqs, num_heads, head_dim] (one token each) -> out of the same shape. `settings`: launch
-    settings ({"block_n", "num_warps", "num_stages", "use_dot"}), by default the tuned ones for this GPU.
+    settings ({"block_n", "num_warps", "num_stages"}), by default the tuned ones for this GPU.
     `order`: int32 [num_seqs], a permutation of the rows in the order to start them (longest context first;
     metadata.decode_order); it changes only the speed."""
     k_cache, v_cache = cache.k, cache.v
@@ -148,16 +147,15 @@ def decode_attention(q: torch.Tensor, cache: LayerKVCache, block_tables: torch.T
         part_ml = torch.empty(num_seqs * num_heads * num_splits, 2, dtype=torch.float32, device=q.device)
     k_scale, v_scale = (cache.k_scale, cache.v_scale) if cache.quantized else (k_cache, v_cache)
     settings = settings or launch_settings(cache)
-    use_dot = settings.get("use_dot", True)
     _decode_kernel[(num_kv_heads, num_seqs, num_splits)](
         q, k_cache, v_cache, k_scale, v_scale, out, part_acc, part_ml, block_tables, context_lens,
         context_lens if order is None else order,
         scale * 1.4426950408889634, q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_scale.stride(1) if cache.quantized else 0,
         QUANT=cache.quantized, ORDERED=order is not None,
-        GROUP=group, BLOCK_G=max(16 if use_dot else 1, triton.next_power_of_2(group)), BLOCK_SIZE=block_size,
-        HEAD_DIM=head_dim, USE_DOT=use_dot,
-        BLOCK_N=settings["block_n"], NUM_SPLITS=num_splits, DOT_PRECISION=dot_precision(q.dtype),
+        DOT_FP16=kv_cache_kind(cache) == "fp8" and q.dtype == torch.bfloat16,
+        GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=block_size,
+        HEAD_DIM=head_dim, BLOCK_N=settings["block_n"], NUM_SPLITS=num_splits, DOT_PRECISION=dot_precision(q.dtype),
         num_warps=settings["num_warps"], num_stages=settings["num_stages"])
     if num_splits > 1:
         _combine_kernel[(num_seqs, num_heads)](part_acc, part_ml, out, out.stride(0), out.stride(1),

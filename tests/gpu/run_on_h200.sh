@@ -6,7 +6,8 @@
 #                                             KERNELS_K="decode" picks tests by name)
 #   bash tests/gpu/run_on_h200.sh quick     # decode attention on bench-like lengths, bench.py bf16
 #   bash tests/gpu/run_on_h200.sh tune      # decode launch settings per KV dtype ($TUNE_KV) -> attention/tuned/
-#   bash tests/gpu/run_on_h200.sh bench     # bench.py bf16/int8/fp8 (median of 3), decode attention
+#   bash tests/gpu/run_on_h200.sh attention # decode attention microbenchmarks (64 x 8k, 256 x 100..2,048)
+#   bash tests/gpu/run_on_h200.sh bench     # bench.py bf16/int8/fp8 (median of 3)
 #   bash tests/gpu/run_on_h200.sh awq       # AWQ GEMM methods -> quant/tuned/, AWQ vs bf16, decode profile
 #   bash tests/gpu/run_on_h200.sh regress   # regression_test.sh ($CASES, default all), bench_sharegpt.py
 # Several modes run in turn: `bash tests/gpu/run_on_h200.sh checks bench`. Any H100/H200 card works; results
@@ -14,8 +15,11 @@
 set -o pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/nanovllm-gpu}
-mkdir -p "$OUT"
+# The device tool returns at most 8 files: results are written to a work folder and packed into
+# $OUT/results.tgz after every mode, so a call cut off by its time limit still returns the finished modes.
+ARCHIVE_DIR=${OUT:-/tmp/nanovllm-gpu}
+OUT=$(mktemp -d)
+mkdir -p "$ARCHIVE_DIR"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
 for mode in "${@:-checks}"; do
 case "$mode" in
@@ -32,15 +36,17 @@ case "$mode" in
     cp benchmark_results/kv_int8_cache/decode-attention-b256-c2048-min100.json "$OUT/" 2>/dev/null
     timeout 85 python bench.py --out "$OUT/bench-auto.json" 2>&1 | tail -1
     ;;
-  tune)     # bench.py's decode batches: up to 256 sequences of 100 to 2,048 tokens
-    timeout 260 python tests/kv_quant/bench_decode_attention.py --batch 256 --context 2048 --context-min 100 \
+  tune)     # bench.py's decode batches: up to 256 sequences of 100 to 2,048 tokens; ~1.3 s per setting
+    timeout 400 python tests/kv_quant/bench_decode_attention.py --batch 256 --context 2048 --context-min 100 \
       --kv-cache-dtype ${TUNE_KV:-auto int8 fp8} --sweep --write
-    cp nanovllm/attention/tuned/*.json "$OUT/"
+    cp nanovllm/attention/tuned/*.json benchmark_results/kv_int8_cache/decode-sweep-*.json "$OUT/"
     ;;
   bench)
     for kv in auto int8 fp8; do
       timeout 100 python bench.py --kv-cache-dtype "$kv" --repeat 3 --out "$OUT/bench-$kv.json" 2>&1 | tail -1
     done
+    ;;
+  attention)
     timeout 35 python tests/kv_quant/bench_decode_attention.py --batch 64 --context 8192 2>&1 | tail -3
     timeout 40 python tests/kv_quant/bench_decode_attention.py --batch 256 --context 2048 --context-min 100 \
       2>&1 | tail -3
@@ -58,8 +64,7 @@ case "$mode" in
     NANOVLLM_REGRESSION_OUT="$OUT/regression" timeout 370 bash regression_test.sh $CASES 2>&1 | tee "$OUT/regression.log"
     timeout 200 python bench_sharegpt.py --num-prompts 100 --out "$OUT/sharegpt.json" 2>&1 | tail -6
     ;;
-  *) echo "usage: $0 MODE... (checks kernels quick tune bench awq regress)"; exit 2 ;;
+  *) echo "usage: $0 MODE... (checks kernels quick tune attention bench awq regress)"; exit 2 ;;
 esac
+tar czf "$ARCHIVE_DIR/results.tgz" -C "$OUT" .
 done
-# The device tool returns at most 8 files: everything travels back as one archive.
-tar czf /tmp/results.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/results.tgz "$OUT/"

@@ -8,8 +8,8 @@ the pool. Every sequence has --context tokens, or with --context-min a length dr
 launch order (longest first), and the record also gives the time in batch order. Bytes counted = K and V
 values (and scales) of every context token, read once; the query and output are negligible. Prints one
 JSON line per dtype and writes them under benchmark_results/kv_int8_cache/.
---sweep instead times each cache dtype over launch settings (keys per tile, warps, stages, tensor-core dot
-or register FMAs) and prints the fastest; --write stores the winners in
+--sweep instead times each cache dtype over launch settings (keys per tile, warps, stages) and prints
+the fastest (every timing goes to decode-sweep-*.json); --write stores the winners in
 nanovllm/attention/tuned/decode-<GPU>.json, which decode_attention reads on that GPU model.
 """
 import argparse
@@ -70,7 +70,11 @@ def main():
             (kq, ks), (vq, vs) = quantize_ref(k, kind), quantize_ref(v, kind)
             cache = LayerKVCache(kq, vq, ks, vs)
         if args.sweep:
-            best[kind] = sweep(q, cache, kind, tables, context_lens, splits, order)
+            timings = sweep(q, cache, kind, tables, context_lens, splits, order)
+            best[kind] = timings[0][1]
+            nbytes = context_bytes(cache, tokens)
+            records += [{"kv_cache_dtype": kind, **settings, "ms": ms, "tb_per_s": nbytes / ms / 1e9}
+                        for ms, settings in timings]
             continue
         ms = do_bench(lambda: decode_attention(q, cache, tables, context_lens, head_dim ** -0.5, splits, order=order),
                       warmup=50, rep=300, return_mode="median")
@@ -81,14 +85,19 @@ def main():
                         "context_min": args.context_min, "splits": splits, "ms": ms, "unordered_ms": unordered_ms,
                         "bytes": nbytes, "tb_per_s": nbytes / ms / 1e9, "gpu": torch.cuda.get_device_name(),
                         "command": "python " + " ".join(sys.argv),
-                        "date": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+                        "date": now()})
         print(json.dumps(records[-1]))
-    if args.sweep:
-        if args.write:
-            write_tuned(best, "python " + " ".join(sys.argv))
-        return
     os.makedirs("benchmark_results/kv_int8_cache", exist_ok=True)
     name = f"b{args.batch}-c{args.context}" + (f"-min{args.context_min}" if args.context_min is not None else "")
+    if args.sweep:
+        command = "python " + " ".join(sys.argv)
+        if args.write:
+            write_tuned(best, command)
+        with open(f"benchmark_results/kv_int8_cache/decode-sweep-{name}.json", "w") as f:
+            json.dump({"gpu": torch.cuda.get_device_name(), "command": command, "date": now(), "batch": args.batch,
+                       "context": args.context, "context_min": args.context_min, "splits": splits,
+                       "timings": records}, f, indent=2)
+        return
     with open(f"benchmark_results/kv_int8_cache/decode-attention-{name}.json", "w") as f:
         json.dump(records, f, indent=2)
 
@@ -102,16 +111,12 @@ def context_bytes(cache: LayerKVCache, tokens: int) -> int:
 
 def sweep(q, cache, kind, tables, context_lens, splits, order) -> dict:
     """Time every launch setting on this cache; settings whose output differs from the default's are
-    dropped (a broken configuration must not win). Returns the fastest."""
+    dropped (a broken configuration must not win). Returns (ms, settings) pairs, fastest first."""
     ref = decode_attention(q, cache, tables, context_lens, 0.1, splits, DEFAULT_SETTINGS)
     nbytes = context_bytes(cache, int(context_lens.sum()))
     timings = []
-    candidates = [(block_n, warps, stages, True) for block_n, warps, stages in
-                  itertools.product((32, 64, 128), (4, 8), (2, 3))]
-    candidates += [(block_n, warps, stages, False) for block_n, warps, stages in
-                   itertools.product((16, 32, 64), (4, 8), (2, 3))]
-    for block_n, num_warps, num_stages, use_dot in candidates:
-        settings = {"block_n": block_n, "num_warps": num_warps, "num_stages": num_stages, "use_dot": use_dot}
+    for block_n, num_warps, num_stages in itertools.product((32, 64, 128), (2, 4, 8), (2, 3)):
+        settings = {"block_n": block_n, "num_warps": num_warps, "num_stages": num_stages}
         out = decode_attention(q, cache, tables, context_lens, 0.1, splits, settings, order)
         if not torch.allclose(out.float(), ref.float(), atol=2e-2, rtol=2e-2):
             print(json.dumps({"dropped": settings, "kv_cache_dtype": kind}))
@@ -124,7 +129,11 @@ def sweep(q, cache, kind, tables, context_lens, splits, order) -> dict:
         print(json.dumps({"kv_cache_dtype": kind, **settings, "ms": round(ms, 4),
                           "tb_per_s": round(nbytes / ms / 1e9, 3), "batch": len(context_lens),
                           "context": int(context_lens.max()), "splits": splits}))
-    return timings[0][1]
+    return timings
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 def write_tuned(best: dict[str, dict], command: str) -> None:
@@ -132,7 +141,7 @@ def write_tuned(best: dict[str, dict], command: str) -> None:
     gpu = torch.cuda.get_device_name()
     record = read_tuned(TUNED_DIR, "decode", gpu)
     record["settings"] = {**record.get("settings", {}), **best}
-    record.update(gpu=gpu, command=command, date=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    record.update(gpu=gpu, command=command, date=now())
     save_record(record, tuned_settings_path(gpu))
 
 
