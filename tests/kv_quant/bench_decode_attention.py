@@ -70,11 +70,9 @@ def main():
             (kq, ks), (vq, vs) = quantize_ref(k, kind), quantize_ref(v, kind)
             cache = LayerKVCache(kq, vq, ks, vs)
         if args.sweep:
-            timings = sweep(q, cache, kind, tables, context_lens, splits, order)
-            best[kind] = timings[0][1]
-            nbytes = context_bytes(cache, tokens)
-            records += [{"kv_cache_dtype": kind, **settings, "ms": ms, "tb_per_s": nbytes / ms / 1e9}
-                        for ms, settings in timings]
+            rows = sweep(q, cache, kind, tables, context_lens, splits, order)
+            best[kind] = {key: rows[0][key] for key in DEFAULT_SETTINGS}
+            records += rows
             continue
         ms = do_bench(lambda: decode_attention(q, cache, tables, context_lens, head_dim ** -0.5, splits, order=order),
                       warmup=50, rep=300, return_mode="median")
@@ -109,12 +107,13 @@ def context_bytes(cache: LayerKVCache, tokens: int) -> int:
                if t is not None) * tokens // slots
 
 
-def sweep(q, cache, kind, tables, context_lens, splits, order) -> dict:
+def sweep(q, cache, kind, tables, context_lens, splits, order) -> list[dict]:
     """Time every launch setting on this cache; settings whose output differs from the default's are
-    dropped (a broken configuration must not win). Returns (ms, settings) pairs, fastest first."""
+    dropped (a broken configuration must not win). Returns one row per setting (its keys, ms, TB/s),
+    fastest first."""
     ref = decode_attention(q, cache, tables, context_lens, 0.1, splits, DEFAULT_SETTINGS)
     nbytes = context_bytes(cache, int(context_lens.sum()))
-    timings = []
+    rows = []
     for block_n, num_warps, num_stages in itertools.product((32, 64, 128), (2, 4, 8), (2, 3)):
         settings = {"block_n": block_n, "num_warps": num_warps, "num_stages": num_stages}
         out = decode_attention(q, cache, tables, context_lens, 0.1, splits, settings, order)
@@ -123,13 +122,11 @@ def sweep(q, cache, kind, tables, context_lens, splits, order) -> dict:
             continue
         ms = do_bench(lambda: decode_attention(q, cache, tables, context_lens, 0.1, splits, settings, order),
                       warmup=10, rep=50, return_mode="median")
-        timings.append((ms, settings))
-    timings.sort(key=lambda t: t[0])
-    for ms, settings in timings[:3]:
-        print(json.dumps({"kv_cache_dtype": kind, **settings, "ms": round(ms, 4),
-                          "tb_per_s": round(nbytes / ms / 1e9, 3), "batch": len(context_lens),
-                          "context": int(context_lens.max()), "splits": splits}))
-    return timings
+        rows.append({"kv_cache_dtype": kind, **settings, "ms": ms, "tb_per_s": nbytes / ms / 1e9})
+    rows.sort(key=lambda row: row["ms"])
+    for row in rows[:3]:
+        print(json.dumps({**row, "batch": len(context_lens), "context": int(context_lens.max()), "splits": splits}))
+    return rows
 
 
 def now() -> str:
