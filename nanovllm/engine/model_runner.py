@@ -28,7 +28,7 @@ from nanovllm.quant import kv as kv_quant
 from nanovllm.quant.awq import read_awq_config
 from nanovllm.utils.compile import set_compile_enabled
 from nanovllm.utils.distributed import get_tp_rank
-from nanovllm.utils.loader import load_dummy, load_model
+from nanovllm.utils.loader import load_dummy, load_model, process_weights_after_loading
 
 logger = logging.getLogger(__name__)
 
@@ -112,6 +112,7 @@ class ModelRunner:
             load_dummy(model, config.seed)
         else:
             load_model(model, config.model)
+        process_weights_after_loading(model)
         return model.eval()
 
     @torch.inference_mode()

@@ -8,8 +8,15 @@ For a linear layer y = x W with W [in, out] (note: transposed relative to nn.Lin
 AutoAWQ interleaves the eight values in an int32: nibble n (bits 4n..4n+3) holds output column
 AWQ_ORDER[n] of its group of eight, so column j sits at bit shift AWQ_SHIFTS[j] = 4 * inverse(AWQ_ORDER)[j].
 
-The reference path dequantizes the full weight, then matmuls (the CPU path); `awq_gemm` (triton_awq.py)
-unpacks, subtracts zeros and scales tile by tile inside the matmul. Checkpoints name their format in
+After loading, each layer is repacked once into the kernel layout (as vLLM repacks AWQ for Marlin):
+    qweight int32 [in / 8, out]          eight 4-bit values per int32, along the input dim
+    zeros   fp16  [in / group, out]      z itself (exact in fp16)
+    scales  fp16  [in / group, out]      unchanged
+Word row g * R + r (R = group / 8 rows per group) of column o holds in nibble i (bits 4i..4i+3) the
+input k = g * group + i * R + r. A kernel then finds the eight values of a word in one column and one
+group, and the eight slices "nibble i of rows r = 0..R-1" are each R consecutive inputs.
+The reference path dequantizes the full weight, then matmuls (the CPU path); the Triton kernels
+(triton_awq.py, triton_awq_gemv.py) unpack and scale inside the matmul. Checkpoints name their format in
 config.json's `quantization_config` (quant_method "awq") or in an older quant_config.json.
 """
 import json
@@ -46,10 +53,37 @@ def dequantize_awq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Te
     return (q - z).float() * s
 
 
-def awq_gemm_ref(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
+def repack_awq(qweight: torch.Tensor, qzeros: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """AutoAWQ's qweight [in, out / 8] and qzeros -> the kernel layout: qweight [in / 8, out], zeros fp16."""
+    q = unpack_awq(qweight)                                        # [in, out]
+    rows = group_size // PACK
+    q = q.view(q.shape[0] // group_size, PACK, rows, -1).to(torch.int64)   # [group, nibble i, row r, out]
+    words = sum(q[:, i] << (4 * i) for i in range(PACK)).flatten(0, 1)     # [in / 8, out]
+    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+    return words, unpack_awq(qzeros).to(torch.float16)
+
+
+def kernel_layout(tensors: dict[str, torch.Tensor], group_size: int) -> dict[str, torch.Tensor]:
+    """A checkpoint layer's {qweight, qzeros, scales} -> {qweight, zeros, scales} in the kernel layout."""
+    qweight, zeros = repack_awq(tensors["qweight"], tensors["qzeros"], group_size)
+    return {"qweight": qweight, "zeros": zeros, "scales": tensors["scales"]}
+
+
+def dequantize_packed(qweight: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor,
+                      group_size: int) -> torch.Tensor:
+    """float32 W [in, out] from the kernel layout (see the module docstring)."""
+    rows = group_size // PACK
+    words = qweight.view(-1, rows, qweight.shape[1])                      # [group, row r, out]
+    q = torch.stack([(words >> (4 * i)) & 0xF for i in range(PACK)], dim=1).flatten(0, 2)   # [in, out]
+    z, s = (t.float().repeat_interleave(group_size, 0) for t in (zeros, scales))
+    return (q.float() - z) * s
+
+
+def awq_gemm_ref(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor,
                  group_size: int) -> torch.Tensor:
-    """x [tokens, in] -> [tokens, out]: dequantize, then matmul (the specification and the CPU path)."""
-    return x @ dequantize_awq(qweight, qzeros, scales, group_size).to(x.dtype)
+    """x [tokens, in] -> [tokens, out] with weights in the kernel layout: dequantize, then matmul (the
+    specification and the CPU path)."""
+    return x @ dequantize_packed(qweight, zeros, scales, group_size).to(x.dtype)
 
 
 @dataclass
@@ -116,14 +150,21 @@ class AWQLinearMethod:
             param.input_dim, param.output_dim, param.divisors = 0, 1, divisors
             layer.register_parameter(name, param)
 
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        """Repack the loaded checkpoint tensors into the kernel layout (the checkpoint's qzeros go away)."""
+        qweight, zeros = repack_awq(layer.qweight.data, layer.qzeros.data, self.group_size)
+        del layer.qzeros
+        layer.qweight = nn.Parameter(qweight, requires_grad=False)
+        layer.zeros = nn.Parameter(zeros, requires_grad=False)
+
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         shape = x.shape
         x = x.reshape(-1, shape[-1])
         if x.is_cuda:
             from nanovllm.quant.triton_awq import awq_gemm
-            y = awq_gemm(x, layer.qweight, layer.qzeros, layer.scales, self.group_size)
+            y = awq_gemm(x, layer.qweight, layer.zeros, layer.scales, self.group_size)
         else:
-            y = awq_gemm_ref(x, layer.qweight, layer.qzeros, layer.scales, self.group_size)
+            y = awq_gemm_ref(x, layer.qweight, layer.zeros, layer.scales, self.group_size)
         if bias is not None:
             y = y + bias
         return y.view(*shape[:-1], y.shape[-1])

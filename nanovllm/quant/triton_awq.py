@@ -1,15 +1,18 @@
 """Fused AWQ dequant-GEMM in Triton: y [M, N] = x [M, K] @ W [K, N], W never materialized.
 
-Each program computes a [BLOCK_M, BLOCK_N] tile of y. For each K tile it loads the packed int32 words once
-([BLOCK_K, BLOCK_N / 8], contiguous rows), repeats each word eight times in registers (three
-tl.interleave), and shifts out the 4-bit values in AutoAWQ's order (column j of eight sits at bit shift
-4 * (4 * (j % 2) + j // 2), which is AWQ_SHIFTS). BLOCK_K divides the group size, so one K tile lies in one
-group: its zero points ([BLOCK_N / 8] words) and scales ([BLOCK_N]) are one row each. w = (q - z) * s is
-fed to tl.dot in the activation dtype; accumulation in float32. For few tokens (decode) the K loop is
-split over SPLIT_K programs that add their partial sums atomically into a float32 buffer, so the weight
-read is spread over the whole GPU. From DEQUANT_MIN_TOKENS tokens on (prefill), the weight is
-dequantized once into a temporary and cuBLAS does the matmul, which beats unpacking inside every tile.
-Reference: `awq_gemm_ref` (dequantize, then matmul).
+Weights are in the kernel layout of awq.py: qweight [K / 8, N], whose word row g * R + r (R = group / 8)
+holds in nibble i the input k = g * group + i * R + r. One loop step covers one group. Its R word rows
+give eight [R, BLOCK_N] slices, "nibble i", and slice i multiplies the R consecutive inputs
+x[:, g * group + i * R : ... + R], so the group is eight tensor-core dots of depth R with no reshuffle.
+
+A nibble becomes a float without a conversion instruction: OR-ing it into the low mantissa bits of a
+constant M (128.0 in bf16/fp32, 1024.0 in fp16, where the spacing of floats is exactly 1) gives M + q.
+The zero point and the constant are taken out once per group and column, not per weight:
+    sum_k x_k (q_k - z) s = s * (sum_k x_k (M + q_k) - (M + z) * sum_k x_k)
+so the inner loop is shift, mask-or and the dot; accumulation in float32. For many tokens (prefill) the
+weight is dequantized once into a temporary and cuBLAS does the matmul (`awq_dequantize`); for a few
+tokens (decode) triton_awq_gemv.py streams the weight through FMAs. `awq_gemm` picks the method that
+tests/awq/bench_gemm.py measured fastest on this GPU. Reference: `awq_gemm_ref` (dequantize, then matmul).
 """
 import functools
 import os
@@ -19,82 +22,118 @@ import triton
 import triton.language as tl
 
 from nanovllm.attention.torch_ref import dot_precision
-from nanovllm.quant.awq import awq_gemm_ref, dequantize_awq
+from nanovllm.quant.awq import awq_gemm_ref, dequantize_packed
 from nanovllm.utils.tuned import read_tuned, tuned_path
 
-__all__ = ["awq_gemm", "awq_gemm_ref", "awq_dequantize", "dequantize_awq"]
-DEQUANT_MIN_TOKENS = 128   # from this many tokens on, dequantize once and use cuBLAS (see awq_benchmark.md)
+__all__ = ["awq_gemm", "awq_gemm_ref", "awq_dequantize", "dequantize_packed"]
+DEQUANT_MIN_TOKENS = 128   # without a measured table: from this many tokens on, dequantize once + cuBLAS
+MAGIC_BITS = 0x43000000   # 128.0 in float32, see magic_nibble
+MAX_TILES = 1 << 16        # split-K counters, one per output tile
+GEMV_MAX_TOKENS = 8        # the FMA kernel re-reads nothing per token but does the FMAs of every token
 
 
 @triton.jit
-def unpack_nibbles(words, BLOCK_N: tl.constexpr):
-    """[R, BLOCK_N / 8] int32 -> [R, BLOCK_N] 4-bit values in natural column order."""
-    words = tl.interleave(words, words)
-    words = tl.interleave(words, words)
-    words = tl.interleave(words, words)                         # each word repeated 8 times
-    j = tl.arange(0, BLOCK_N) % 8
-    return (words >> (4 * (4 * (j % 2) + j // 2))[None, :]) & 0xF
+def magic_nibble(words, i: tl.constexpr, magic):
+    """128 + nibble i of each int32 word, as float32 with no conversion instruction: the nibble is moved to
+    bits 16..19 and OR-ed into 128.0 = 0x43000000, whose mantissa bit 16 is worth exactly 1."""
+    if i < 4:
+        v = words << (16 - 4 * i)
+    elif i > 4:
+        v = words >> (4 * i - 16)
+    else:
+        v = words
+    return ((v & 0x000F0000) | magic).to(tl.float32, bitcast=True)   # magic: a kernel argument, so that
+    # the mask and the OR fit in one LOP3 (it takes one immediate and one constant-bank operand)
 
 
 @triton.jit
-def _awq_gemm_kernel(x_ptr, qweight_ptr, qzeros_ptr, scales_ptr, out_ptr, M, N, K,
-                     stride_xm, stride_qk, stride_zk, stride_sk, stride_om,
-                     GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+def finish_split_k(y, out_ptrs, partial_ptrs, split_stride, count_ptr, mask, split, split_k):
+    """Store y [BLOCK_M, BLOCK_N]: directly, or as one of split_k partials that the last program adds up."""
+    if split_k == 1:
+        tl.store(out_ptrs, y.to(out_ptrs.dtype.element_ty), mask=mask)
+    else:
+        tl.store(partial_ptrs + split * split_stride, y, mask=mask)
+        tl.debug_barrier()                       # every thread's partial is written before the count says so
+        if tl.atomic_add(count_ptr, 1, sem="acq_rel") == split_k - 1:
+            total = tl.zeros_like(y)
+            for s in range(split_k):
+                total += tl.load(partial_ptrs + s * split_stride, mask=mask, other=0.0, cache_modifier=".cg")
+            tl.store(out_ptrs, total.to(out_ptrs.dtype.element_ty), mask=mask)
+            tl.atomic_xchg(count_ptr, 0)
+
+
+@triton.jit
+def _awq_gemm_kernel(x_ptr, qweight_ptr, zeros_ptr, scales_ptr, out_ptr, partial_ptr, count_ptr, M, N, K,
+                     stride_xm, stride_om, magic, split_k, GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    ROWS: tl.constexpr = GROUP_SIZE // 8
+    tile, pid_k = tl.program_id(0), tl.program_id(1)
+    num_n = tl.cdiv(N, BLOCK_N)
+    pid_m, pid_n = tile // num_n, tile % num_n
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_w = pid_n * (BLOCK_N // 8) + tl.arange(0, BLOCK_N // 8)     # packed columns
-    m_ok, n_ok, w_ok = offs_m < M, offs_n < N, offs_w < N // 8
+    offs_r = tl.arange(0, ROWS)
+    m_ok, n_ok = offs_m < M, offs_n < N
+    x_rows = x_ptr + offs_m[:, None] * stride_xm + offs_r[None, :]
+    num_groups = K // GROUP_SIZE
+    per_split = tl.cdiv(num_groups, split_k)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    k_per_split = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
-    for k0 in range(pid_k * k_per_split, tl.minimum((pid_k + 1) * k_per_split, K), BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=m_ok[:, None], other=0.0)
-        packed = tl.load(qweight_ptr + offs_k[:, None] * stride_qk + offs_w[None, :], mask=w_ok[None, :], other=0)
-        group = k0 // GROUP_SIZE
-        zeros = tl.load(qzeros_ptr + group * stride_zk + offs_w, mask=w_ok, other=0)[None, :]
-        scales = tl.load(scales_ptr + group * stride_sk + offs_n, mask=n_ok, other=0.0)[None, :]
-        q = unpack_nibbles(packed, BLOCK_N)                                   # [BLOCK_K, BLOCK_N]
-        z = unpack_nibbles(zeros, BLOCK_N)                                    # [1, BLOCK_N]
-        w = ((q - z).to(tl.float32) * scales.to(tl.float32)).to(x.dtype)
-        acc += tl.dot(x, w, input_precision=DOT_PRECISION)
-    out = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
-    mask = m_ok[:, None] & n_ok[None, :]
-    if SPLIT_K == 1:
-        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask)
-    else:
-        tl.atomic_add(out, acc, mask=mask)
+    for g in range(pid_k * per_split, tl.minimum((pid_k + 1) * per_split, num_groups)):
+        words = tl.load(qweight_ptr + (g * ROWS + offs_r)[:, None] * N + offs_n[None, :], mask=n_ok[None, :],
+                        other=0)                                                   # [ROWS, BLOCK_N]
+        s = tl.load(scales_ptr + g * N + offs_n, mask=n_ok, other=0.0).to(tl.float32)
+        magic_z = 128.0 + tl.load(zeros_ptr + g * N + offs_n, mask=n_ok, other=0.0).to(tl.float32)
+        part = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for i in tl.static_range(8):
+            x = tl.load(x_rows + g * GROUP_SIZE + i * ROWS, mask=m_ok[:, None], other=0.0)   # [BLOCK_M, ROWS]
+            w = (magic_nibble(words, i, magic) - magic_z[None, :]).to(x.dtype)           # q - z, exact
+            part = tl.dot(x, w, part, input_precision=DOT_PRECISION)
+        acc += part * s[None, :]
+    finish_split_k(acc, out_ptr + offs_m[:, None] * stride_om + offs_n[None, :],
+                   partial_ptr + offs_m[:, None] * N + offs_n[None, :], M * N, count_ptr + tile,
+                   m_ok[:, None] & n_ok[None, :], pid_k, split_k)
 
 
 @triton.jit
-def _awq_dequantize_kernel(qweight_ptr, qzeros_ptr, scales_ptr, out_ptr, K, N, GROUP_SIZE: tl.constexpr,
-                           BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
-    offs_k = tl.program_id(0) * BLOCK_K + tl.arange(0, BLOCK_K)
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_w = tl.program_id(1) * (BLOCK_N // 8) + tl.arange(0, BLOCK_N // 8)
-    k_ok = (offs_k < K)[:, None]
-    groups = (offs_k // GROUP_SIZE)[:, None]
-    w_mask = k_ok & (offs_w < N // 8)[None, :]
-    packed = tl.load(qweight_ptr + offs_k[:, None] * (N // 8) + offs_w[None, :], mask=w_mask, other=0)
-    zeros = tl.load(qzeros_ptr + groups * (N // 8) + offs_w[None, :], mask=w_mask, other=0)
-    mask = k_ok & (offs_n < N)[None, :]
-    scales = tl.load(scales_ptr + groups * N + offs_n[None, :], mask=mask, other=0.0)
-    w = (unpack_nibbles(packed, BLOCK_N) - unpack_nibbles(zeros, BLOCK_N)).to(tl.float32) * scales.to(tl.float32)
-    tl.store(out_ptr + offs_k[:, None] * N + offs_n[None, :], w.to(out_ptr.dtype.element_ty), mask=mask)
+def _awq_dequantize_kernel(qweight_ptr, zeros_ptr, scales_ptr, out_ptr, N, GROUP_SIZE: tl.constexpr,
+                           BLOCK_N: tl.constexpr):
+    ROWS: tl.constexpr = GROUP_SIZE // 8
+    g, pid_n = tl.program_id(0), tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_r = tl.arange(0, ROWS)
+    n_ok = offs_n < N
+    words = tl.load(qweight_ptr + (g * ROWS + offs_r)[:, None] * N + offs_n[None, :], mask=n_ok[None, :], other=0)
+    z = tl.load(zeros_ptr + g * N + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    s = tl.load(scales_ptr + g * N + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    for i in tl.static_range(8):
+        w = (((words >> (4 * i)) & 0xF).to(tl.float32) - z) * s
+        rows = g * GROUP_SIZE + i * ROWS + offs_r
+        tl.store(out_ptr + rows[:, None] * N + offs_n[None, :], w.to(out_ptr.dtype.element_ty), mask=n_ok[None, :])
 
 
-def awq_dequantize(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group_size: int,
+def awq_dequantize(qweight: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, group_size: int,
                    dtype: torch.dtype) -> torch.Tensor:
-    """W [K, N] in `dtype` (the reference is `dequantize_awq`); for many tokens, W once + cuBLAS beats
+    """W [K, N] in `dtype` (the reference is `dequantize_packed`); for many tokens, W once + cuBLAS beats
     unpacking W inside every tile of a long GEMM."""
-    K, N = qweight.shape[0], scales.shape[1]
-    assert qweight.is_contiguous() and qzeros.is_contiguous() and scales.is_contiguous()
+    K, N = qweight.shape[0] * 8, qweight.shape[1]
+    assert qweight.is_contiguous() and zeros.is_contiguous() and scales.is_contiguous()
     out = torch.empty(K, N, dtype=dtype, device=qweight.device)
-    grid = (triton.cdiv(K, 32), triton.cdiv(N, 256))
-    _awq_dequantize_kernel[grid](qweight, qzeros, scales, out, K, N, GROUP_SIZE=group_size, BLOCK_K=32,
-                                 BLOCK_N=256, num_warps=4)
+    grid = (K // group_size, triton.cdiv(N, 256))
+    _awq_dequantize_kernel[grid](qweight, zeros, scales, out, N, GROUP_SIZE=group_size, BLOCK_N=256, num_warps=4)
     return out
+
+
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def tile_counters(device: torch.device) -> torch.Tensor:
+    """Zeroed int32 counters, one per output tile, kept zero by the kernels themselves. Allocated on the
+    first (eager) call: a CUDA graph captured later must keep pointing at the same memory."""
+    if device not in _COUNTERS:
+        assert not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()), \
+            "run awq_gemv once outside CUDA-graph capture first (the engine's warm-up does)"
+        _COUNTERS[device] = torch.zeros(MAX_TILES, dtype=torch.int32, device=device)
+    return _COUNTERS[device]
 
 
 @functools.cache
@@ -102,7 +141,7 @@ def num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
 
 
-AWQ_METHODS = ("fused", "gemv", "dequant")
+AWQ_METHODS = ("gemv", "fused", "dequant")
 TUNED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuned")
 
 
@@ -124,44 +163,58 @@ def tuned_methods(gpu_name: str, k: int = 0, n: int = 0) -> list[tuple[int, str]
 
 def pick_method(num_tokens: int, table: list[tuple[int, str]]) -> str:
     """The measured winner at the nearest measured token count at or above num_tokens; without
-    measurements (empty table), dequantize + cuBLAS from DEQUANT_MIN_TOKENS tokens on, else fused."""
+    measurements (empty table), the FMA kernel up to GEMV_MAX_TOKENS, dequantize + cuBLAS from
+    DEQUANT_MIN_TOKENS tokens on, else the fused tensor-core kernel."""
     for tokens, method in table:
         if num_tokens <= tokens:
             return method
     if table:
         return table[-1][1]
+    if num_tokens <= GEMV_MAX_TOKENS:
+        return "gemv"
     return "dequant" if num_tokens >= DEQUANT_MIN_TOKENS else "fused"
 
 
-def awq_gemm(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
-             group_size: int, split_k: int | None = None, method: str | None = None) -> torch.Tensor:
-    """x [M, K] (bf16 or fp16) -> [M, N] in x's dtype. `method`: "fused" (tensor-core tiles, this file),
-    "gemv" (triton_awq_gemv.py), "dequant" (dequantize + cuBLAS); None: `pick_method`."""
+def supported_methods(num_tokens: int, group_size: int) -> tuple[str, ...]:
+    """The kernels need the group's word rows (group / 8) as a power of 2; the tensor-core dots need 16+."""
+    rows = group_size // 8
+    if rows != triton.next_power_of_2(rows):
+        return ("dequant",)
+    gemv = ("gemv",) if num_tokens <= GEMV_MAX_TOKENS else ()
+    return gemv + (("fused",) if rows >= 16 else ()) + ("dequant",)
+
+
+def awq_gemm(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor,
+             group_size: int, method: str | None = None, split_k: int | None = None, **gemv_settings) -> torch.Tensor:
+    """x [M, K] (bf16, fp16 or fp32) -> [M, N] in x's dtype, weights in the kernel layout of awq.py.
+    `method`: "gemv" (FMA kernel, up to GEMV_MAX_TOKENS tokens), "fused" (tensor-core dots, this file),
+    "dequant" (dequantize + cuBLAS); None: the measured winner (`pick_method`) among the supported ones."""
     M, K = x.shape
-    assert method in (None, *AWQ_METHODS), method
-    tiles_fit = group_size >= 16 and group_size == triton.next_power_of_2(group_size)   # K tile within a group
+    N = scales.shape[1]
+    assert qweight.shape == (K // 8, N) and zeros.shape == scales.shape == (K // group_size, N), \
+        "AWQ weights must be repacked into the kernel layout (AWQLinearMethod.process_weights_after_loading)"
+    assert qweight.dtype == torch.int32 and qweight.is_contiguous() and x.stride(-1) == 1
+    supported = supported_methods(M, group_size)
     if method is None:
-        table = tuned_methods(torch.cuda.get_device_name(x.device), K, scales.shape[1]) if x.is_cuda else []
-        method = pick_method(M, table) if tiles_fit else "dequant"
+        table = tuned_methods(torch.cuda.get_device_name(x.device), K, N) if x.is_cuda else []
+        method = pick_method(M, table)
+        method = method if method in supported else supported[0]
+    assert method in supported, f"method {method!r} cannot run {M} tokens with group {group_size}: {supported}"
     if method == "dequant":
-        return x @ awq_dequantize(qweight, qzeros, scales, group_size, x.dtype)
+        return x @ awq_dequantize(qweight, zeros, scales, group_size, x.dtype)
     if method == "gemv":
         from nanovllm.quant.triton_awq_gemv import awq_gemv
-        return awq_gemv(x, qweight, qzeros, scales, group_size, split_k)
-    N = scales.shape[1]
-    assert qweight.shape == (K, N // 8) and qzeros.shape == (K // group_size, N // 8)
-    assert qweight.dtype == qzeros.dtype == torch.int32 and x.stride(-1) == 1
-    block_m = 16 if M <= 16 else (32 if M <= 32 else 64)
-    block_n, block_k = 128, min(64, group_size)
-    grid_mn = triton.cdiv(M, block_m) * triton.cdiv(N, block_n)
-    if split_k is None:      # few tokens: split K until there are ~4 programs per SM to hide memory latency
-        split_k = 1 if M > 64 else max(1, min(triton.cdiv(4 * num_sms(x.device), grid_mn), K // (2 * block_k)))
-    out = torch.zeros(M, N, dtype=torch.float32, device=x.device) if split_k > 1 else \
-        torch.empty(M, N, dtype=x.dtype, device=x.device)
-    grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n), split_k)
-    _awq_gemm_kernel[grid](x, qweight, qzeros, scales, out, M, N, K, x.stride(0), qweight.stride(0),
-                           qzeros.stride(0), scales.stride(0), out.stride(0), GROUP_SIZE=group_size,
-                           BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k,
-                           DOT_PRECISION=dot_precision(x.dtype),
-                           num_warps=4, num_stages=3)
-    return out.to(x.dtype) if split_k > 1 else out
+        return awq_gemv(x, qweight, zeros, scales, group_size, split_k=split_k, **gemv_settings)
+    block_m = 16 if M <= 16 else (32 if M <= 32 else (64 if M <= 64 else 128))
+    block_n = 128
+    tiles = triton.cdiv(M, block_m) * triton.cdiv(N, block_n)
+    if split_k is None:     # split K until the GPU has ~2 programs per SM, in whole groups
+        split_k = max(1, min(triton.cdiv(2 * num_sms(x.device), tiles), K // group_size))
+    assert tiles <= MAX_TILES
+    out = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    partial = torch.empty(split_k, M, N, dtype=torch.float32, device=x.device) if split_k > 1 else out
+    _awq_gemm_kernel[(tiles, split_k)](x, qweight, zeros, scales, out, partial, tile_counters(x.device), M, N, K,
+                                       x.stride(0), out.stride(0), MAGIC_BITS, split_k, GROUP_SIZE=group_size,
+                                       BLOCK_M=block_m, BLOCK_N=block_n, DOT_PRECISION=dot_precision(x.dtype),
+                                       num_warps=4 if M <= 64 else 8, num_stages=3)
+    return out

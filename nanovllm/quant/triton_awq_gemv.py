@@ -1,64 +1,105 @@
-"""AWQ GEMV in Triton for a few tokens: the 4-bit weights never leave registers, no tensor-core tile.
+"""AWQ GEMV in Triton for a few tokens (decode): the 4-bit weight streams through registers into FMAs.
 
-With one token the matmul is a matrix-vector product: memory-bound, and the tensor-core path of
-triton_awq.py pays for padding the token to 16 rows and for a round trip of every dequantized tile through
-shared memory. Here each program owns BLOCK_N output columns, one token and a slice of the K groups, and
-uses the group structure to keep the inner loop at shift, mask, convert and FMA per weight:
-    y[n] = sum_g s[g, n] * (sum_{k in g} q[k, n] x[k]  -  z[g, n] * sum_{k in g} x[k])
-Partial sums of the K slices are added atomically into a float32 buffer (split-K), so even a single token
-puts ~4 programs on every SM. Reference: `awq_gemm_ref` (dequantize, then matmul).
+With one token the matmul is a matrix-vector product, bound by the bytes of the weight. Each program
+owns BLOCK_N output columns and a slice of the K groups (split-K, so even one token puts a few programs
+on every SM). Per group it loads the [R, BLOCK_N] words of the kernel layout (awq.py; R = group / 8) and
+for each nibble i multiplies 128 + q (a float made by OR-ing q into 128.0's mantissa, triton_awq.py)
+by the token's inputs x[g * group + i * R + r]: shift, mask-or and FMA per weight, nothing else. Per
+group and column, the scale and zero point are applied to the running sums:
+    y[n] = sum_g s[g, n] * (sum_{k in g} x[k] (128 + q[k, n]) - (128 + z[g, n]) * sum_{k in g} x[k])
+Split-K without extra kernels: each program writes its partial sums to a float32 workspace and bumps its
+tile's counter; the program that arrives last adds the partials in split order (so the result does not
+depend on timing), writes y in x's dtype and resets the counter for the next call.
+Reference: `awq_gemm_ref` (dequantize, then matmul).
 """
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
 from nanovllm.quant.awq import awq_gemm_ref
-from nanovllm.quant.triton_awq import num_sms, unpack_nibbles
+from nanovllm.quant.triton_awq import (
+    MAGIC_BITS,
+    MAX_TILES,
+    TUNED_DIR,
+    finish_split_k,
+    magic_nibble,
+    num_sms,
+    tile_counters,
+)
+from nanovllm.utils.tuned import read_tuned
 
 __all__ = ["awq_gemv", "awq_gemm_ref"]
 
 
 @triton.jit
-def _awq_gemv_kernel(x_ptr, qweight_ptr, qzeros_ptr, scales_ptr, out_ptr, N, K, stride_xm, stride_om,
-                     GROUP_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    pid_n, pid_k, token = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+def _awq_gemv_kernel(x_ptr, qweight_ptr, zeros_ptr, scales_ptr, out_ptr, partial_ptr, count_ptr, M, N, K,
+                     stride_xm, stride_om, magic, split_k, GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr):
+    ROWS: tl.constexpr = GROUP_SIZE // 8
+    pid_n, pid_k = tl.program_id(0), tl.program_id(1)
+    offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_w = pid_n * (BLOCK_N // 8) + tl.arange(0, BLOCK_N // 8)
-    n_ok, w_ok = offs_n < N, offs_w < N // 8
+    offs_r = tl.arange(0, ROWS)
+    m_ok, n_ok = offs_m < M, offs_n < N
+    x_rows = x_ptr + offs_m[:, None, None] * stride_xm + offs_r[None, :, None]           # [BLOCK_M, ROWS, 1]
+    w_rows = qweight_ptr + offs_r[None, :, None] * N + offs_n[None, None, :]          # [1, ROWS, BLOCK_N]
     num_groups = K // GROUP_SIZE
-    groups_per_split = tl.cdiv(num_groups, tl.num_programs(1))
-    acc = tl.zeros([BLOCK_N], tl.float32)
-    for g in range(pid_k * groups_per_split, tl.minimum((pid_k + 1) * groups_per_split, num_groups)):
-        qx = tl.zeros([BLOCK_N], tl.float32)           # sum_k q[k, n] x[k] over the group
-        x_sum = 0.0
-        for k0 in range(g * GROUP_SIZE, (g + 1) * GROUP_SIZE, BLOCK_K):
-            offs_k = k0 + tl.arange(0, BLOCK_K)
-            x = tl.load(x_ptr + token * stride_xm + offs_k).to(tl.float32)                    # [BLOCK_K]
-            packed = tl.load(qweight_ptr + offs_k[:, None] * (N // 8) + offs_w[None, :], mask=w_ok[None, :],
-                             other=0)
-            qx += tl.sum(unpack_nibbles(packed, BLOCK_N).to(tl.float32) * x[:, None], axis=0)
-            x_sum += tl.sum(x, axis=0)
-        zeros = tl.load(qzeros_ptr + g * (N // 8) + offs_w, mask=w_ok, other=0)[None, :]
-        z = tl.sum(unpack_nibbles(zeros, BLOCK_N), axis=0).to(tl.float32)                             # [BLOCK_N]
-        s = tl.load(scales_ptr + g * N + offs_n, mask=n_ok, other=0.0).to(tl.float32)
-        acc += s * (qx - z * x_sum)
-    tl.atomic_add(out_ptr + token * stride_om + offs_n, acc, mask=n_ok)
+    per_split = tl.cdiv(num_groups, split_k)
+    acc = tl.zeros([BLOCK_M, ROWS, BLOCK_N], tl.float32)
+    for g in range(pid_k * per_split, tl.minimum((pid_k + 1) * per_split, num_groups)):
+        words = tl.load(w_rows + g * ROWS * N, mask=n_ok[None, None, :], other=0)
+        part = tl.zeros([BLOCK_M, ROWS, BLOCK_N], tl.float32)
+        x_sum = tl.zeros([BLOCK_M, ROWS, 1], tl.float32)
+        for i in tl.static_range(8):
+            x = tl.load(x_rows + g * GROUP_SIZE + i * ROWS, mask=m_ok[:, None, None], other=0.0).to(tl.float32)
+            part += x * magic_nibble(words, i, magic)
+            x_sum += x
+        s = tl.load(scales_ptr + g * N + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, None, :]
+        z = tl.load(zeros_ptr + g * N + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, None, :]
+        acc += part * s - x_sum * (s * (128.0 + z))
+    y = tl.sum(acc, axis=1)                                                        # [BLOCK_M, BLOCK_N]
+    tile = offs_m[:, None] * N + offs_n[None, :]
+    finish_split_k(y, out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], partial_ptr + tile, M * N,
+                   count_ptr + pid_n, m_ok[:, None] & n_ok[None, :], pid_k, split_k)
 
 
-def awq_gemv(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
-             group_size: int, split_k: int | None = None) -> torch.Tensor:
-    """x [M, K] with M a few tokens (each re-reads the weight) -> [M, N] in x's dtype."""
+@functools.cache
+def tuned_settings(gpu_name: str, k: int, n: int) -> list[tuple[int, list[int]]]:
+    """[(tokens, [block_n, split_k, num_warps])] that tests/awq/bench_gemm.py --sweep-gemv --write measured
+    fastest for the layer shape [k, n] on this GPU model; [] if it was not measured."""
+    record = read_tuned(TUNED_DIR, "awq", gpu_name).get("gemv_by_shape", {}).get(f"{k}x{n}", {})
+    return sorted((int(tokens), settings) for tokens, settings in record.items())
+
+
+def default_settings(M: int, N: int, K: int, group_size: int, device: torch.device) -> tuple[int, int, int]:
+    """(block_n, split_k, num_warps): measured for this shape and token count (or the next larger count
+    measured), else what won most sweeps on the H200: 64 columns, 4 warps, and split-K up to ~8 programs
+    per SM for one token, fewer as tokens add FMAs (8 / M), at most one group per split."""
+    if device.type == "cuda":
+        for tokens, settings in tuned_settings(torch.cuda.get_device_name(device), K, N):
+            if M <= tokens:
+                return tuple(settings)
+    block_n = 64
+    per_sm = max(1, 8 // M)
+    split_k = max(1, min(triton.cdiv(per_sm * num_sms(device), triton.cdiv(N, block_n)), K // group_size))
+    return block_n, split_k, 4
+
+
+def awq_gemv(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, group_size: int,
+             block_n: int | None = None, split_k: int | None = None, num_warps: int | None = None) -> torch.Tensor:
+    """x [M, K] with M <= 8 tokens -> [M, N] in x's dtype; weights in the kernel layout of awq.py."""
     M, K = x.shape
     N = scales.shape[1]
-    assert qweight.shape == (K, N // 8) and qzeros.shape == (K // group_size, N // 8)
-    assert qweight.is_contiguous() and qzeros.is_contiguous() and scales.is_contiguous() and x.stride(-1) == 1
-    block_n, block_k = 128, min(32, group_size)
-    assert group_size % block_k == 0 and block_k == triton.next_power_of_2(block_k), \
-        "group_size must be a power of 2 or a multiple of 32"
-    num_n = triton.cdiv(N, block_n)
-    if split_k is None:
-        split_k = max(1, min(triton.cdiv(4 * num_sms(x.device), num_n * M), K // group_size))
-    out = torch.zeros(M, N, dtype=torch.float32, device=x.device)
-    _awq_gemv_kernel[(num_n, split_k, M)](x, qweight, qzeros, scales, out, N, K, x.stride(0), out.stride(0),
-                                         GROUP_SIZE=group_size, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4)
-    return out.to(x.dtype)
+    assert M <= 8 and x.stride(-1) == 1 and zeros.is_contiguous() and scales.is_contiguous()
+    defaults = default_settings(M, N, K, group_size, x.device)
+    block_n, split_k, num_warps = (v or d for v, d in zip((block_n, split_k, num_warps), defaults))
+    assert triton.cdiv(N, block_n) <= MAX_TILES
+    out = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    partial = torch.empty(split_k, M, N, dtype=torch.float32, device=x.device) if split_k > 1 else out
+    grid = (triton.cdiv(N, block_n), split_k)
+    _awq_gemv_kernel[grid](x, qweight, zeros, scales, out, partial, tile_counters(x.device), M, N, K, x.stride(0),
+                           out.stride(0), MAGIC_BITS, split_k, GROUP_SIZE=group_size,
+                           BLOCK_M=triton.next_power_of_2(M), BLOCK_N=block_n, num_warps=num_warps)
+    return out

@@ -136,7 +136,7 @@ def case_f() -> dict:
 
 def case_g() -> dict:
     """AWQ numerics: packing order, and one layer against the dequantize-then-matmul reference."""
-    from nanovllm.quant.awq import awq_gemm_ref, pack_awq, unpack_awq
+    from nanovllm.quant.awq import awq_gemm_ref, kernel_layout, pack_awq, unpack_awq
     from nanovllm.quant.awq_quantize import to_awq_tensors
     values = torch.randint(0, 16, (8, 64), dtype=torch.int32)
     check(torch.equal(unpack_awq(pack_awq(values)), values), "pack/unpack round trip")
@@ -144,11 +144,11 @@ def case_g() -> dict:
     t = to_awq_tensors(torch.randn(512, 256), 128)
     device = "cuda" if CUDA else "cpu"
     x = torch.randn(7, 256, dtype=torch.float16 if CUDA else torch.float32, device=device)
-    t = {k: v.to(device) for k, v in t.items()}
-    ref = awq_gemm_ref(x.float(), t["qweight"], t["qzeros"], t["scales"], 128)
+    t = {k: v.to(device) for k, v in kernel_layout(t, 128).items()}
+    ref = awq_gemm_ref(x.float(), t["qweight"], t["zeros"], t["scales"], 128)
     if CUDA:
         from nanovllm.quant.triton_awq import awq_gemm
-        got = awq_gemm(x, t["qweight"], t["qzeros"], t["scales"], 128).float()
+        got = awq_gemm(x, t["qweight"], t["zeros"], t["scales"], 128).float()
         err = ((got - ref).norm() / ref.norm()).item()
         check(err < 1e-2, f"Triton AWQ GEMM relative error {err:.2e}")
         return {"kernel_relative_error": err}

@@ -91,6 +91,14 @@ def _copy_checked(param: nn.Parameter, tensor: torch.Tensor, name: str) -> None:
     param.data.copy_(tensor)
 
 
+def process_weights_after_loading(model: nn.Module) -> None:
+    """Let each layer's quant method turn the checkpoint's tensors into its kernels' layout (AWQ repacks)."""
+    for module in model.modules():
+        process = getattr(getattr(module, "quant_method", None), "process_weights_after_loading", None)
+        if process is not None:
+            process(module)
+
+
 def load_dummy(model: nn.Module, seed: int) -> None:
     """Random weights for benchmarks without downloads (vLLM's load_format='dummy'): norms stay 1."""
     for i, (name, param) in enumerate(model.named_parameters()):

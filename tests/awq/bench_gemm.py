@@ -1,14 +1,16 @@
-"""One AWQ linear layer on the GPU: fused dequant-GEMM, GEMV (up to 16 tokens), dequantize + cuBLAS, and bf16
-cuBLAS, by token count.
+"""One AWQ linear layer on the GPU: the GEMV kernel (up to 8 tokens), the fused tensor-core kernel,
+dequantize + cuBLAS, and bf16 cuBLAS, by token count.
 
-`python tests/awq/bench_gemm.py` times Qwen3-8B's qkv, gate_up and down shapes at M = 1..4096 tokens on
-the GPU (CUDA events around a CUDA graph that calls the method once on each of several copies of the layer,
-so that the weights come from memory, not the L2 cache, and CPU launch costs stay out, as in the model), and
-writes benchmark_results/quantization_int_4/awq_gemm.json.
-With --write, the fastest method per token count, per layer shape and summed over the three layers (for
-shapes not measured), goes to nanovllm/quant/tuned/awq-<GPU>.json, which `awq_gemm` then follows on that GPU
-model; `--from FILE --write` derives it from a saved awq_gemm.json without timing again. The 4-bit weight is
-3.9x fewer bytes than bf16, so at small M (memory-bound) the fused kernel should be well under bf16's time.
+`python tests/awq/bench_gemm.py` times the linear layers of Qwen3-8B and Qwen3-0.6B at M = 1..4096 tokens
+(GPU time: CUDA events around a CUDA graph that calls the method once on each of several copies of the
+layer, so that the weights come from memory, not the L2 cache, and CPU launch costs stay out, as in the
+model) and writes benchmark_results/quantization_int_4/awq_gemm.json. --sweep-gemv first times the GEMV
+kernel's settings (columns per program, split-K, warps) per shape and token count and keeps the fastest.
+With --write, the fastest method per token count (per layer shape, and summed over the layers for shapes
+not measured) and the GEMV settings go to nanovllm/quant/tuned/awq-<GPU>.json, which `awq_gemm` then
+follows on that GPU model; `--from FILE... --write` merges saved awq_gemm JSONs into --out and derives
+the table from them. The 4-bit weight is 3.9x fewer bytes than bf16, so at a few tokens (memory-bound) AWQ
+should take well under bf16's time: `*_weight_gb_per_s` give each method's bandwidth on the bytes it reads.
 """
 import argparse
 import json
@@ -20,12 +22,24 @@ import torch
 import triton
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from nanovllm.quant.awq import kernel_layout  # noqa: E402
 from nanovllm.quant.awq_quantize import to_awq_tensors  # noqa: E402
-from nanovllm.quant.triton_awq import AWQ_METHODS, awq_dequantize, awq_gemm, tuned_methods_path  # noqa: E402
+from nanovllm.quant.triton_awq import (  # noqa: E402
+    AWQ_METHODS,
+    GEMV_MAX_TOKENS,
+    awq_dequantize,
+    awq_gemm,
+    num_sms,
+    tuned_methods_path,
+)
+from nanovllm.quant.triton_awq_gemv import awq_gemv  # noqa: E402
 from nanovllm.utils.results import save_record  # noqa: E402
 
 TIMING_KEYS = {"fused": "fused_us", "gemv": "gemv_us", "dequant": "dequant_matmul_us"}
-SHAPES = {"qkv (8B)": (4096, 6144), "gate_up (8B)": (4096, 24576), "down (8B)": (12288, 4096)}
+SHAPES = {"8B": {"qkv (8B)": (4096, 6144), "o (8B)": (4096, 4096), "gate_up (8B)": (4096, 24576),
+                 "down (8B)": (12288, 4096)},
+          "0.6B": {"qkv (0.6B)": (1024, 4096), "o (0.6B)": (2048, 1024), "gate_up (0.6B)": (1024, 6144),
+                   "down (0.6B)": (3072, 1024)}}
 
 
 # One CUDA graph replay calls the method on each copy of the layer in turn, so that the weights come from
@@ -35,9 +49,9 @@ L2_FLUSH_BYTES = 256 << 20
 
 
 def layer_copy(k: int, n: int) -> tuple[dict, torch.Tensor]:
-    """(AWQ tensors, bf16 weight [k, n]) of one random layer."""
+    """(AWQ tensors in the kernel layout, bf16 weight [k, n]) of one random layer."""
     w = torch.randn(n, k, device="cuda") * 0.02
-    return to_awq_tensors(w, 128), w.t().contiguous().to(torch.bfloat16)
+    return kernel_layout(to_awq_tensors(w, 128), 128), w.t().contiguous().to(torch.bfloat16)
 
 
 def time_us(layers: list, fn) -> float:
@@ -58,39 +72,71 @@ def time_us(layers: list, fn) -> float:
     return us
 
 
+def sweep_gemv(layers: list, x: torch.Tensor, k: int, n: int) -> tuple[list[int], list[dict]]:
+    """The fastest [block_n, split_k, num_warps] for the GEMV kernel, and every timing."""
+    timings, tried = [], set()
+    for block_n in (64, 128, 256):
+        for num_warps in (2, 4, 8):
+            for per_sm in (1, 2, 4, 8):
+                split_k = max(1, min(triton.cdiv(per_sm * num_sms(x.device), triton.cdiv(n, block_n)), k // 128))
+                if (block_n, split_k, num_warps) in tried:
+                    continue
+                tried.add((block_n, split_k, num_warps))
+                us = time_us(layers, lambda t, _: awq_gemv(x, t["qweight"], t["zeros"], t["scales"], 128,
+                                                           block_n=block_n, split_k=split_k, num_warps=num_warps))
+                timings.append({"block_n": block_n, "split_k": split_k, "num_warps": num_warps, "us": round(us, 2)})
+    best = min(timings, key=lambda row: row["us"])
+    return [best["block_n"], best["split_k"], best["num_warps"]], timings
+
+
+def time_methods(layers: list, x: torch.Tensor, k: int, n: int, gemv_settings: list[int] | None) -> dict:
+    m = x.shape[0]
+    gemv = dict(zip(("block_n", "split_k", "num_warps"), gemv_settings or []))
+    row = {"bf16_us": time_us(layers, lambda _, w_bf16: x @ w_bf16)}
+    for method, key in TIMING_KEYS.items():
+        runs = method != "gemv" or m <= GEMV_MAX_TOKENS
+        settings = gemv if method == "gemv" else {}
+        row[key] = time_us(layers, lambda t, _: awq_gemm(x, t["qweight"], t["zeros"], t["scales"], 128,
+                                                          method=method, **settings)) if runs else None
+    row["bf16_weight_gb_per_s"] = 2 * k * n / row["bf16_us"] / 1e3
+    for method, key in TIMING_KEYS.items():
+        if row[key] is not None:       # the 4-bit weight plus fp16 scales and zeros (4 bytes per group)
+            row[f"{method}_weight_gb_per_s"] = (0.5 + 4 / 128) * k * n / row[key] / 1e3
+    return row
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 16, 64, 128, 256, 512, 1024, 4096])
+    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 2, 4, 8, 16, 64, 256, 1024, 4096])
+    parser.add_argument("--models", nargs="+", default=["8B", "0.6B"], choices=list(SHAPES))
+    parser.add_argument("--sweep-gemv", action="store_true", help="time the GEMV kernel's settings first")
     parser.add_argument("--out", default="benchmark_results/quantization_int_4/awq_gemm.json")
     parser.add_argument("--write", action="store_true", help="store the fastest method per token count")
-    parser.add_argument("--from", dest="saved", default=None, help="a saved awq_gemm.json to derive the table from")
+    parser.add_argument("--from", dest="saved", nargs="+", default=None,
+                        help="saved awq_gemm.json files (e.g. one per model) to merge and derive the table from")
     args = parser.parse_args()
     if args.saved:
-        with open(args.saved) as f:
-            record = json.load(f)
+        record = merge_saved(args.saved)
+        save_record(record, args.out)
         if args.write:
-            write_tuned(record, f"{record['command']} (table re-derived by python {' '.join(sys.argv)})")
+            write_tuned(record, f"{record['command']} (table derived by python {' '.join(sys.argv)})")
         return
     rows = []
-    for name, (k, n) in SHAPES.items():
+    for name, (k, n) in ((name, shape) for model in args.models for name, shape in SHAPES[model].items()):
         layers = [layer_copy(k, n) for _ in range(max(2, -(-L2_FLUSH_BYTES // (k * n // 2))))]
-        dequant_us = time_us(layers, lambda t, _: awq_dequantize(t["qweight"], t["qzeros"], t["scales"], 128,
+        dequant_us = time_us(layers, lambda t, _: awq_dequantize(t["qweight"], t["zeros"], t["scales"], 128,
                                                                  torch.bfloat16))
         for m in args.tokens:
             x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+            settings, sweep = sweep_gemv(layers, x, k, n) if args.sweep_gemv and m <= GEMV_MAX_TOKENS else (None, None)
             row = {"layer": name, "k": k, "n": n, "tokens": m, "weight_copies": len(layers),
-                   "bf16_us": time_us(layers, lambda _, w_bf16: x @ w_bf16),
-                   "fused_us": time_us(layers, lambda t, _: awq_gemm(x, t["qweight"], t["qzeros"], t["scales"], 128,
-                                                                     method="fused")),
-                   "gemv_us": time_us(layers, lambda t, _: awq_gemm(x, t["qweight"], t["qzeros"], t["scales"], 128,
-                                                                    method="gemv")) if m <= 16 else None,
-                   "dequant_matmul_us": time_us(layers, lambda t, _: awq_gemm(
-                       x, t["qweight"], t["qzeros"], t["scales"], 128, method="dequant")),
-                   "dequant_only_us": dequant_us}
-            row["bf16_weight_gb_per_s"] = 2 * k * n / row["bf16_us"] / 1e3
-            row["fused_weight_gb_per_s"] = 0.5 * k * n / row["fused_us"] / 1e3
-            rows.append({key: round(v, 2) if isinstance(v, float) else v for key, v in row.items()})
-            print(rows[-1], flush=True)
+                   **time_methods(layers, x, k, n, settings), "dequant_only_us": dequant_us}
+            row = {key: round(v, 2) if isinstance(v, float) else v for key, v in row.items()}
+            if settings:
+                row.update(gemv_settings=settings, gemv_sweep=sweep)
+            rows.append(row)
+            print({key: v for key, v in row.items() if key != "gemv_sweep"}, flush=True)
+        del layers
     record = {"gpu": torch.cuda.get_device_name(), "rows": rows, "command": "python " + " ".join(sys.argv),
               "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "versions": {"torch": torch.__version__, "triton": triton.__version__}}
@@ -99,12 +145,25 @@ def main():
         write_tuned(record, record["command"])
 
 
+def merge_saved(paths: list[str]) -> dict:
+    records = []
+    for path in paths:
+        with open(path) as f:
+            records.append(json.load(f))
+    return {**records[0], "rows": [row for record in records for row in record["rows"]],
+            "command": " + ".join(record["command"] for record in records)}
+
+
 def write_tuned(record: dict, command: str) -> None:
     rows = record["rows"]
     by_shape = {f"{k}x{n}": fastest_methods([row for row in rows if (row["k"], row["n"]) == (k, n)])
                 for k, n in sorted({(row["k"], row["n"]) for row in rows})}
-    save_record({"fastest": fastest_methods(rows), "fastest_by_shape": by_shape, "gpu": record["gpu"],
-                 "command": command, "date": record["date"]}, tuned_methods_path(record["gpu"]))
+    gemv = {}
+    for row in rows:
+        if row.get("gemv_settings"):
+            gemv.setdefault(f"{row['k']}x{row['n']}", {})[str(row["tokens"])] = row["gemv_settings"]
+    save_record({"fastest": fastest_methods(rows), "fastest_by_shape": by_shape, "gemv_by_shape": gemv,
+                 "gpu": record["gpu"], "command": command, "date": record["date"]}, tuned_methods_path(record["gpu"]))
 
 
 def fastest_methods(rows: list[dict]) -> dict[str, str]:

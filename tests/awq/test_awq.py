@@ -13,7 +13,10 @@ from nanovllm.quant.awq import (
     AWQConfig,
     awq_gemm_ref,
     dequantize_awq,
+    dequantize_packed,
+    kernel_layout,
     pack_awq,
+    repack_awq,
     unpack_awq,
 )
 from nanovllm.quant.awq_quantize import fake_quantize, quantize_rtn, to_awq_tensors
@@ -47,38 +50,63 @@ def test_dequantize_matches_fake_quantization():
     assert ((deq - w).norm() / w.norm()) < 0.1
 
 
-@pytest.mark.parametrize("m", [1, 5, 40])
-@pytest.mark.parametrize("split_k", [1, 2])
-@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
-def test_triton_kernel_matches_reference(m, split_k, dtype):
-    pytest.importorskip("triton")
-    from nanovllm.quant.triton_awq import awq_gemm
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    k, n = 128, 256
-    t = to_awq_tensors(torch.randn(n, k), GROUP)
-    t = {name: v.to(device) for name, v in t.items()}
-    x = torch.randn(m, k, dtype=dtype, device=device)
-    out = awq_gemm(x, t["qweight"], t["qzeros"], t["scales"], GROUP, split_k=split_k)
-    ref = awq_gemm_ref(x.float(), t["qweight"], t["qzeros"], t["scales"], GROUP)
-    assert ((out.float() - ref).norm() / ref.norm()) < (1e-2 if dtype == torch.float16 else 1e-4)
+def test_repacked_layout_dequantizes_to_the_checkpoint_weight():
+    """Kernel layout (words along the input, eight slices per group) against AutoAWQ's, value by value."""
+    values = torch.randint(0, 16, (256, 64), dtype=torch.int32)
+    zeros = torch.randint(0, 16, (256 // 64, 64), dtype=torch.int32)
+    scales = torch.rand(256 // 64, 64).half()
+    qweight, z = repack_awq(autoawq_pack(values), autoawq_pack(zeros), 64)
+    assert qweight.shape == (32, 64) and torch.equal(z, zeros.half())
+    rows = 64 // 8              # word row g * 8 + r, nibble i holds input g * 64 + i * 8 + r
+    for k in (0, 7, 8, 63, 64, 200, 255):
+        g, i, r = k // 64, (k % 64) // rows, k % rows
+        assert torch.equal((qweight[g * rows + r] >> (4 * i)) & 0xF, values[k])
+    want = dequantize_awq(autoawq_pack(values), autoawq_pack(zeros), scales, 64)
+    assert torch.equal(dequantize_packed(qweight, z, scales, 64), want)
 
 
+def layer_on(device: str, k: int, n: int, group: int) -> dict:
+    return {name: v.to(device) for name, v in kernel_layout(to_awq_tensors(torch.randn(n, k), group), group).items()}
+
+
+@pytest.mark.parametrize("m", [1, 3, 8, 40])
+@pytest.mark.parametrize("group,k", [(8, 64), (GROUP, 128), (128, 256)])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
-@pytest.mark.parametrize("group,k", [(GROUP, 64), (128, 256)])
-def test_triton_dequantize_and_other_paths_match_reference(dtype, group, k):
+def test_triton_kernels_match_reference(m, group, k, dtype):
+    """Every method a shape supports (gemv up to 8 tokens, the tensor-core kernel from group 128 on)."""
     pytest.importorskip("triton")
-    from nanovllm.quant.triton_awq import awq_dequantize, awq_gemm
+    from nanovllm.quant.triton_awq import awq_dequantize, awq_gemm, supported_methods
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    t = {name: v.to(device) for name, v in to_awq_tensors(torch.randn(96, k), group).items()}
-    want = dequantize_awq(t["qweight"], t["qzeros"], t["scales"], group)
-    got = awq_dequantize(t["qweight"], t["qzeros"], t["scales"], group, dtype)
+    t = layer_on(device, k, 96, group)
+    got = awq_dequantize(t["qweight"], t["zeros"], t["scales"], group, dtype)
+    want = dequantize_packed(t["qweight"], t["zeros"], t["scales"], group)
     assert got.dtype == dtype and torch.equal(got, want.to(dtype))
-    x = torch.randn(3, k, dtype=dtype, device=device)
-    ref = awq_gemm_ref(x.float(), t["qweight"], t["qzeros"], t["scales"], group)
-    for method in ("dequant", "gemv"):
-        out = awq_gemm(x, t["qweight"], t["qzeros"], t["scales"], group, method=method)
+    x = torch.randn(m, k, dtype=dtype, device=device)
+    ref = awq_gemm_ref(x.float(), t["qweight"], t["zeros"], t["scales"], group)
+    methods = supported_methods(m, group)
+    assert ("gemv" in methods) == (m <= 8) and ("fused" in methods) == (group >= 128)
+    for method in methods:
+        out = awq_gemm(x, t["qweight"], t["zeros"], t["scales"], group, method=method)
         assert out.dtype == dtype
         assert ((out.float() - ref).norm() / ref.norm()) < (1e-2 if dtype == torch.float16 else 1e-5), method
+
+
+@pytest.mark.parametrize("split_k", [1, 2, 3, 16])
+@pytest.mark.parametrize("method,m", [("gemv", 2), ("fused", 20)])
+def test_split_k_partials_add_up_and_reset_the_counters(split_k, method, m):
+    """The last of the split_k programs adds the partials (16 splits of 4 groups: some empty); the counters
+    are zero again for the next call."""
+    pytest.importorskip("triton")
+    from nanovllm.quant.triton_awq import awq_gemm, tile_counters
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    t = layer_on(device, 512, 128, 128)
+    x = torch.randn(m, 512, device=device)
+    ref = awq_gemm_ref(x, t["qweight"], t["zeros"], t["scales"], 128)
+    settings = {"block_n": 32} if method == "gemv" else {}
+    for _ in range(2):
+        out = awq_gemm(x, t["qweight"], t["zeros"], t["scales"], 128, method=method, split_k=split_k, **settings)
+        assert ((out - ref).norm() / ref.norm()) < 1e-5
+    assert not tile_counters(x.device).any()
 
 
 def test_measured_fastest_method_is_followed(tmp_path, monkeypatch):
@@ -95,7 +123,7 @@ def test_measured_fastest_method_is_followed(tmp_path, monkeypatch):
         json.dump({"fastest": fastest}, f)
     table = triton_awq.tuned_methods("Some GPU")
     assert [triton_awq.pick_method(m, table) for m in (1, 2, 64, 5000)] == ["gemv", "dequant", "dequant", "dequant"]
-    assert [triton_awq.pick_method(m, []) for m in (1, 5000)] == ["fused", "dequant"]
+    assert [triton_awq.pick_method(m, []) for m in (1, 8, 9, 5000)] == ["gemv", "gemv", "fused", "dequant"]
     triton_awq.tuned_methods.cache_clear()
 
 
@@ -118,21 +146,22 @@ def test_measured_fastest_method_per_layer_shape(tmp_path, monkeypatch):
 @functools.cache
 def real_size_weight(k, n):
     g = torch.Generator(device="cuda").manual_seed(k + n)
-    return to_awq_tensors(torch.randn(n, k, generator=g, device="cuda") * 0.02, 128)
+    return kernel_layout(to_awq_tensors(torch.randn(n, k, generator=g, device="cuda") * 0.02, 128), 128)
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("m", [1, 8, 64, 256, 2048])
+@pytest.mark.parametrize("m", [1, 2, 5, 8, 64, 256, 2048])
 @pytest.mark.parametrize("k,n", [(1024, 6144), (4096, 24576), (12288, 4096)])   # 0.6B qkv, 8B gate_up, 8B down
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_awq_gemm_at_real_sizes(m, k, n, dtype):
-    from nanovllm.quant.triton_awq import awq_gemm
+    from nanovllm.quant.triton_awq import awq_gemm, supported_methods
     t = real_size_weight(k, n)
     x = torch.randn(m, k, dtype=dtype, device="cuda")
-    ref = awq_gemm_ref(x.float(), t["qweight"], t["qzeros"], t["scales"], 128)
-    for method in ("fused", "dequant") + (("gemv",) if m <= 8 else ()):
-        out = awq_gemm(x, t["qweight"], t["qzeros"], t["scales"], 128, method=method)
-        assert out.dtype == dtype and ((out.float() - ref).norm() / ref.norm()) < 1e-2, method
+    ref = awq_gemm_ref(x.float(), t["qweight"], t["zeros"], t["scales"], 128)
+    for method in supported_methods(m, 128):
+        for _ in range(3):      # split-K counters must come back to zero between calls
+            out = awq_gemm(x, t["qweight"], t["zeros"], t["scales"], 128, method=method)
+            assert out.dtype == dtype and ((out.float() - ref).norm() / ref.norm()) < 1e-2, method
 
 
 @pytest.fixture(scope="module")

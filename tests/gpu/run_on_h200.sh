@@ -8,7 +8,9 @@
 #   bash tests/gpu/run_on_h200.sh tune      # decode launch settings per KV dtype ($TUNE_KV) -> attention/tuned/
 #   bash tests/gpu/run_on_h200.sh attention # decode attention microbenchmarks (64 x 8k, 256 x 100..2,048)
 #   bash tests/gpu/run_on_h200.sh bench     # bench.py bf16/int8/fp8 (median of 3)
-#   bash tests/gpu/run_on_h200.sh awq       # AWQ GEMM methods -> quant/tuned/, AWQ vs bf16, decode profile
+#   bash tests/gpu/run_on_h200.sh awq       # AWQ kernel tests, fastest method per shape -> quant/tuned/
+#   bash tests/gpu/run_on_h200.sh awq-sweep # GEMV launch settings per shape ($SWEEP_MODELS, default 0.6B)
+#   bash tests/gpu/run_on_h200.sh awq-e2e   # AWQ vs bf16 end to end (both models), decode profile
 #   bash tests/gpu/run_on_h200.sh regress   # regression_test.sh ($CASES, default all), bench_sharegpt.py
 # Several modes run in turn: `bash tests/gpu/run_on_h200.sh checks bench`. Any H100/H200 card works; results
 # name the card, and tuned files are written per GPU model.
@@ -52,9 +54,17 @@ case "$mode" in
       2>&1 | tail -3
     cp benchmark_results/kv_int8_cache/decode-attention-*.json "$OUT/" 2>/dev/null
     ;;
-  awq)      # ~6 min: per-shape GEMM methods, both models' TPOT at batch 1 and batch-256 throughput
-    timeout 120 python tests/awq/bench_gemm.py --tokens 1 16 64 256 1024 --out "$OUT/awq_gemm.json" --write | tail -1
-    cp nanovllm/quant/tuned/*.json "$OUT/" 2>/dev/null     # the AWQ runs below follow the measured winners
+  awq)      # ~3 min: AWQ kernel tests at real sizes, the fastest method per shape and token count -> quant/tuned/
+    timeout 150 python -m pytest -q -p no:cacheprovider tests/awq/test_awq.py 2>&1 | tee "$OUT/awq_tests.log" | tail -3
+    timeout 150 python tests/awq/bench_gemm.py --models 8B 0.6B --tokens 1 2 4 8 16 64 256 1024 \
+      --out "$OUT/awq_gemm.json" --write | cut -c1-400
+    cp nanovllm/quant/tuned/*.json "$OUT/" 2>/dev/null
+    ;;
+  awq-sweep)  # ~50 s per shape and token count: GEMV settings too (only ran for 0.6B in time on 2026-12-03)
+    timeout 580 python tests/awq/bench_gemm.py --models ${SWEEP_MODELS:-0.6B} --tokens 1 4 16 256 --sweep-gemv \
+      --out "$OUT/awq_gemm-sweep.json" | cut -c1-400
+    ;;
+  awq-e2e)  # ~5 min: both models' TPOT at batch 1 and batch-256 throughput (follows quant/tuned/), profile
     timeout 290 python tests/awq/bench_awq_vs_bf16.py --models Qwen3-0.6B Qwen3-8B 2>&1 | tail -4
     cp benchmark_results/quantization_int_4/awq_vs_bf16.json benchmark_results/quantization_int_4/report.md "$OUT/"
     timeout 120 python -m nanovllm.tools.decode_profile --bench-workload \
@@ -64,7 +74,7 @@ case "$mode" in
     NANOVLLM_REGRESSION_OUT="$OUT/regression" timeout 370 bash regression_test.sh $CASES 2>&1 | tee "$OUT/regression.log"
     timeout 200 python bench_sharegpt.py --num-prompts 100 --out "$OUT/sharegpt.json" 2>&1 | tail -6
     ;;
-  *) echo "usage: $0 MODE... (checks kernels quick tune attention bench awq regress)"; exit 2 ;;
+  *) echo "usage: $0 MODE... (checks kernels quick tune attention bench awq awq-sweep awq-e2e regress)"; exit 2 ;;
 esac
 tar czf "$ARCHIVE_DIR/results.tgz" -C "$OUT" .
 done
