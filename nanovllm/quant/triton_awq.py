@@ -5,14 +5,15 @@ holds in nibble i the input k = g * group + i * R + r. One loop step covers one 
 give eight [R, BLOCK_N] slices, "nibble i", and slice i multiplies the R consecutive inputs
 x[:, g * group + i * R : ... + R], so the group is eight tensor-core dots of depth R with no reshuffle.
 
-A nibble becomes a float without a conversion instruction: OR-ing it into the low mantissa bits of a
-constant M (128.0 in bf16/fp32, 1024.0 in fp16, where the spacing of floats is exactly 1) gives M + q.
-The zero point and the constant are taken out once per group and column, not per weight:
-    sum_k x_k (q_k - z) s = s * (sum_k x_k (M + q_k) - (M + z) * sum_k x_k)
-so the inner loop is shift, mask-or and the dot; accumulation in float32. For many tokens (prefill) the
-weight is dequantized once into a temporary and cuBLAS does the matmul (`awq_dequantize`); for a few
-tokens (decode) triton_awq_gemv.py streams the weight through FMAs. `awq_gemm` picks the method that
-tests/awq/bench_gemm.py measured fastest on this GPU. Reference: `awq_gemm_ref` (dequantize, then matmul).
+A nibble becomes a float without a conversion instruction (`magic_nibble`): moved to bits 16..19 and
+OR-ed into 128.0 (0x43000000), whose mantissa bit 16 is worth exactly 1, it reads as the float 128 + q.
+Here each slice becomes q - z = (128 + q) - (128 + z), exact in bf16/fp16, the dot accumulates in float32
+and the group's scale multiplies the dot's result, not every weight. When the output tiles are too few to
+fill the GPU, K is split over programs; the last program of each tile adds the partial sums in split order
+(`finish_split_k`). For a few tokens (decode) triton_awq_gemv.py streams the weight through FMAs; for many
+(prefill) the weight is dequantized once into a temporary and cuBLAS multiplies (`awq_dequantize`).
+`awq_gemm` picks the method that tests/awq/bench_gemm.py measured fastest on this GPU model and layer
+shape. Reference: `awq_gemm_ref` (dequantize, then matmul).
 """
 import functools
 import os
@@ -29,7 +30,7 @@ __all__ = ["awq_gemm", "awq_gemm_ref", "awq_dequantize", "dequantize_packed"]
 DEQUANT_MIN_TOKENS = 128   # without a measured table: from this many tokens on, dequantize once + cuBLAS
 MAGIC_BITS = 0x43000000   # 128.0 in float32, see magic_nibble
 MAX_TILES = 1 << 16        # split-K counters, one per output tile
-GEMV_MAX_TOKENS = 8        # the FMA kernel re-reads nothing per token but does the FMAs of every token
+GEMV_MAX_TOKENS = 8        # the FMA kernel shares the unpacking between tokens, but not the FMAs
 
 
 @triton.jit

@@ -51,6 +51,20 @@ def awq_rows(root: str) -> list[str]:
     return rows if len(rows) > 2 else []
 
 
+def awq_layer_rows(root: str) -> list[str]:
+    """One AWQ linear layer at 1 token (decode, batch 1): GPU microseconds of each method, and the GB/s of
+    weight bytes each reads (bf16: 2 bytes per weight; AWQ: 0.5 plus scales and zeros)."""
+    rows = ["| AWQ layer, 1 token | bf16 cuBLAS us (GB/s) | AWQ GEMV us (GB/s) | AWQ fused us "
+            "| AWQ dequant + cuBLAS us | GPU | file |", "|---|---|---|---|---|---|---|"]
+    for path, record in load_records(root, "quantization_int_4/awq_gemm.json"):
+        for r in (r for r in record["rows"] if r["tokens"] == 1):
+            gemv = f"{r['gemv_us']:.1f} ({r['gemv_weight_gb_per_s']:,.0f})" if r.get("gemv_us") else "-"
+            bf16 = f"{r['bf16_us']:.1f} ({r['bf16_weight_gb_per_s']:,.0f})"
+            rows.append(f"| {r['layer']} [{r['k']} x {r['n']}] | {bf16} | {gemv} | {r['fused_us']:.1f} | "
+                        f"{r['dequant_matmul_us']:.1f} | {record['gpu']} | `{path}` |")
+    return rows if len(rows) > 2 else []
+
+
 def profile_rows(root: str) -> list[str]:
     rows = []
     for path, r in load_records(root, "profile/*.json"):
@@ -97,7 +111,7 @@ def render(readme: str = "README.md", root: str = "benchmark_results") -> None:
     head, rest = text.split(START, 1)
     _, tail = rest.split(END, 1)
     parts = [bench_rows(root), profile_rows(root), decode_attention_rows(root), quality_rows(root), awq_rows(root),
-             sharegpt_rows(root)]
+             awq_layer_rows(root), sharegpt_rows(root)]
     table = "\n\n".join("\n".join(rows) for rows in parts if rows)
     with open(readme, "w") as f:
         f.write(f"{head}{START}\n{table}\n{END}{tail}")
