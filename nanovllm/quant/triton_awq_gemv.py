@@ -77,10 +77,10 @@ def default_settings(M: int, N: int, K: int, group_size: int, device: torch.devi
     """(block_n, split_k, num_warps): measured for this shape and token count (or the next larger count
     measured), else what won most sweeps on the H200: 64 columns, 4 warps, and split-K up to ~8 programs
     per SM for one token, fewer as tokens add FMAs (8 / M), at most one group per split."""
-    if device.type == "cuda":
-        for tokens, settings in tuned_settings(torch.cuda.get_device_name(device), K, N):
-            if M <= tokens:
-                return tuple(settings)
+    table = tuned_settings(torch.cuda.get_device_name(device), K, N) if device.type == "cuda" else []
+    measured = next((settings for tokens, settings in table if M <= tokens), None)
+    if measured:
+        return tuple(measured)
     block_n = 64
     per_sm = max(1, 8 // M)
     split_k = max(1, min(triton.cdiv(per_sm * num_sms(device), triton.cdiv(N, block_n)), K // group_size))

@@ -143,6 +143,33 @@ def test_measured_fastest_method_per_layer_shape(tmp_path, monkeypatch):
     triton_awq.tuned_methods.cache_clear()
 
 
+def test_measured_gemv_settings_are_followed(tmp_path, monkeypatch):
+    """--sweep-gemv rows -> gemv_by_shape in the tuned file -> the settings awq_gemv launches with."""
+    pytest.importorskip("triton")
+    from awq.bench_gemm import write_tuned
+    from nanovllm.quant import triton_awq, triton_awq_gemv
+    rows = [{"k": 256, "n": 64, "tokens": m, "fused_us": 2.0, "gemv_us": 1.0, "dequant_matmul_us": 3.0,
+             "gemv_settings": settings} for m, settings in [(1, [32, 4, 2]), (4, [64, 2, 4])]]
+    monkeypatch.setattr(triton_awq, "TUNED_DIR", str(tmp_path))
+    monkeypatch.setattr(triton_awq_gemv, "TUNED_DIR", str(tmp_path))
+    triton_awq_gemv.tuned_settings.cache_clear()
+    write_tuned({"rows": rows, "gpu": "Some GPU", "date": "today"}, "test")
+    assert triton_awq_gemv.tuned_settings("Some GPU", 256, 64) == [(1, [32, 4, 2]), (4, [64, 2, 4])]
+    assert triton_awq_gemv.tuned_settings("Some GPU", 512, 64) == []
+    triton_awq_gemv.tuned_settings.cache_clear()
+
+
+def test_default_gemv_settings_fill_the_gpu():
+    """Without measurements: 64 columns, 4 warps, split-K to ~8 / tokens programs per SM, whole groups."""
+    pytest.importorskip("triton")
+    from nanovllm.quant.triton_awq_gemv import default_settings
+    cpu = torch.device("cpu")     # num_sms is 8 off the GPU
+    assert default_settings(1, 6144, 4096, 128, cpu) == (64, 1, 4)            # 96 tiles already fill 8 SMs
+    assert default_settings(1, 256, 4096, 128, cpu) == (64, 16, 4)            # 4 tiles x 16 = 64 programs
+    assert default_settings(8, 256, 4096, 128, cpu) == (64, 2, 4)
+    assert default_settings(1, 256, 512, 128, cpu) == (64, 4, 4)              # at most one group per split
+
+
 @functools.cache
 def real_size_weight(k, n):
     g = torch.Generator(device="cuda").manual_seed(k + n)
