@@ -129,7 +129,8 @@ _COUNTERS: dict[torch.device, torch.Tensor] = {}
 
 def tile_counters(device: torch.device) -> torch.Tensor:
     """Zeroed int32 counters, one per output tile, kept zero by the kernels themselves. Allocated on the
-    first (eager) call: a CUDA graph captured later must keep pointing at the same memory."""
+    first (eager) call: a CUDA graph captured later must keep pointing at the same memory. One set per
+    device, so two split-K AWQ kernels must not run at once on two streams (the engine uses one)."""
     if device not in _COUNTERS:
         assert not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()), \
             "run awq_gemv once outside CUDA-graph capture first (the engine's warm-up does)"
