@@ -37,12 +37,16 @@ def unpack_awq(packed: torch.Tensor) -> torch.Tensor:
     return ((packed[:, :, None] >> shifts) & 0xF).flatten(1)
 
 
+def as_int32(words: torch.Tensor) -> torch.Tensor:
+    """int64 words of 32 bits -> int32 with the same bits (the top nibble may set the sign)."""
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+
+
 def pack_awq(values: torch.Tensor) -> torch.Tensor:
     """int [rows, cols] of 0..15 -> int32 [rows, cols / 8] in AutoAWQ's interleaved order."""
     shifts = torch.tensor(AWQ_SHIFTS, dtype=torch.int64, device=values.device)
     grouped = values.to(torch.int64).view(values.shape[0], -1, PACK) << shifts
-    packed = grouped.sum(dim=-1)                            # disjoint bits: the sum is the OR
-    return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
+    return as_int32(grouped.sum(dim=-1))                    # disjoint bits: the sum is the OR
 
 
 def dequantize_awq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -59,8 +63,7 @@ def repack_awq(qweight: torch.Tensor, qzeros: torch.Tensor, group_size: int) -> 
     rows = group_size // PACK
     q = q.view(q.shape[0] // group_size, PACK, rows, -1).to(torch.int64)   # [group, nibble i, row r, out]
     words = sum(q[:, i] << (4 * i) for i in range(PACK)).flatten(0, 1)     # [in / 8, out]
-    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
-    return words, unpack_awq(qzeros).to(torch.float16)
+    return as_int32(words), unpack_awq(qzeros).to(torch.float16)
 
 
 def kernel_layout(tensors: dict[str, torch.Tensor], group_size: int) -> dict[str, torch.Tensor]:

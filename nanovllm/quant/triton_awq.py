@@ -36,15 +36,16 @@ GEMV_MAX_TOKENS = 8        # the FMA kernel shares the unpacking between tokens,
 @triton.jit
 def magic_nibble(words, i: tl.constexpr, magic):
     """128 + nibble i of each int32 word, as float32 with no conversion instruction: the nibble is moved to
-    bits 16..19 and OR-ed into 128.0 = 0x43000000, whose mantissa bit 16 is worth exactly 1."""
+    bits 16..19 and OR-ed into 128.0 = 0x43000000 (`magic`), whose mantissa bit 16 is worth exactly 1.
+    `magic` is a kernel argument, not a literal, so that mask and OR fit one LOP3 (one immediate and one
+    constant-bank operand; two immediates take two instructions)."""
     if i < 4:
         v = words << (16 - 4 * i)
     elif i > 4:
         v = words >> (4 * i - 16)
     else:
         v = words
-    return ((v & 0x000F0000) | magic).to(tl.float32, bitcast=True)   # magic: a kernel argument, so that
-    # the mask and the OR fit in one LOP3 (it takes one immediate and one constant-bank operand)
+    return ((v & 0x000F0000) | magic).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -138,6 +139,21 @@ def tile_counters(device: torch.device) -> torch.Tensor:
     return _COUNTERS[device]
 
 
+def split_k_buffers(M: int, N: int, split_k: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
+                                                                            torch.Tensor]:
+    """(output [M, N] in x's dtype, float32 partials [split_k, M, N] (the output itself when not split),
+    the tile counters) for a kernel that ends in `finish_split_k`."""
+    out = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    partial = torch.empty(split_k, M, N, dtype=torch.float32, device=x.device) if split_k > 1 else out
+    return out, partial, tile_counters(x.device)
+
+
+@functools.cache
+def device_name(device: torch.device) -> str:
+    """The GPU model that tuned tables are keyed by (looked up once per device, not per call)."""
+    return torch.cuda.get_device_name(device)
+
+
 @functools.cache
 def num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
@@ -163,15 +179,17 @@ def tuned_methods(gpu_name: str, k: int = 0, n: int = 0) -> list[tuple[int, str]
     return sorted((int(tokens), method) for tokens, method in fastest.items())
 
 
+def measured_at(num_tokens: int, table: list[tuple[int, object]]):
+    """The entry of a [(token count, choice)] table, sorted by count, measured at the nearest count at or
+    above num_tokens (the largest count's beyond it); None for an empty table."""
+    return next((choice for tokens, choice in table if num_tokens <= tokens), table[-1][1] if table else None)
+
+
 def pick_method(num_tokens: int, table: list[tuple[int, str]]) -> str:
-    """The measured winner at the nearest measured token count at or above num_tokens; without
-    measurements (empty table), the FMA kernel up to GEMV_MAX_TOKENS, dequantize + cuBLAS from
-    DEQUANT_MIN_TOKENS tokens on, else the fused tensor-core kernel."""
-    for tokens, method in table:
-        if num_tokens <= tokens:
-            return method
+    """The measured winner (`measured_at`); without measurements (empty table), the FMA kernel up to
+    GEMV_MAX_TOKENS, dequantize + cuBLAS from DEQUANT_MIN_TOKENS tokens on, else the fused tensor-core kernel."""
     if table:
-        return table[-1][1]
+        return measured_at(num_tokens, table)
     if num_tokens <= GEMV_MAX_TOKENS:
         return "gemv"
     return "dequant" if num_tokens >= DEQUANT_MIN_TOKENS else "fused"
@@ -198,7 +216,7 @@ def awq_gemm(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, scales
     assert qweight.dtype == torch.int32 and qweight.is_contiguous() and x.stride(-1) == 1
     supported = supported_methods(M, group_size)
     if method is None:
-        table = tuned_methods(torch.cuda.get_device_name(x.device), K, N) if x.is_cuda else []
+        table = tuned_methods(device_name(x.device), K, N) if x.is_cuda else []
         method = pick_method(M, table)
         method = method if method in supported else supported[0]
     assert method in supported, f"method {method!r} cannot run {M} tokens with group {group_size}: {supported}"
@@ -213,9 +231,8 @@ def awq_gemm(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, scales
     if split_k is None:     # split K until the GPU has ~2 programs per SM, in whole groups
         split_k = max(1, min(triton.cdiv(2 * num_sms(x.device), tiles), K // group_size))
     assert tiles <= MAX_TILES
-    out = torch.empty(M, N, dtype=x.dtype, device=x.device)
-    partial = torch.empty(split_k, M, N, dtype=torch.float32, device=x.device) if split_k > 1 else out
-    _awq_gemm_kernel[(tiles, split_k)](x, qweight, zeros, scales, out, partial, tile_counters(x.device), M, N, K,
+    out, partial, counters = split_k_buffers(M, N, split_k, x)
+    _awq_gemm_kernel[(tiles, split_k)](x, qweight, zeros, scales, out, partial, counters, M, N, K,
                                        x.stride(0), out.stride(0), MAGIC_BITS, split_k, GROUP_SIZE=group_size,
                                        BLOCK_M=block_m, BLOCK_N=block_n, DOT_PRECISION=dot_precision(x.dtype),
                                        num_warps=4 if M <= 64 else 8, num_stages=3)

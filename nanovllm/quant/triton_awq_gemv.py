@@ -23,10 +23,12 @@ from nanovllm.quant.triton_awq import (
     MAGIC_BITS,
     MAX_TILES,
     TUNED_DIR,
+    device_name,
     finish_split_k,
     magic_nibble,
+    measured_at,
     num_sms,
-    tile_counters,
+    split_k_buffers,
 )
 from nanovllm.utils.tuned import read_tuned
 
@@ -74,11 +76,11 @@ def tuned_settings(gpu_name: str, k: int, n: int) -> list[tuple[int, list[int]]]
 
 
 def default_settings(M: int, N: int, K: int, group_size: int, device: torch.device) -> tuple[int, int, int]:
-    """(block_n, split_k, num_warps): measured for this shape and token count (or the next larger count
-    measured), else what won most sweeps on the H200: 64 columns, 4 warps, and split-K up to ~8 programs
-    per SM for one token, fewer as tokens add FMAs (8 / M), at most one group per split."""
-    table = tuned_settings(torch.cuda.get_device_name(device), K, N) if device.type == "cuda" else []
-    measured = next((settings for tokens, settings in table if M <= tokens), None)
+    """(block_n, split_k, num_warps): measured for this shape (`measured_at` the token count), else what
+    won most sweeps on the H200: 64 columns, 4 warps, and split-K up to ~8 programs per SM for one token,
+    fewer as tokens add FMAs (8 / M), at most one group per split."""
+    table = tuned_settings(device_name(device), K, N) if device.type == "cuda" else []
+    measured = measured_at(M, table)
     if measured:
         return tuple(measured)
     block_n = 64
@@ -96,10 +98,9 @@ def awq_gemv(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, scales
     defaults = default_settings(M, N, K, group_size, x.device)
     block_n, split_k, num_warps = (v or d for v, d in zip((block_n, split_k, num_warps), defaults))
     assert triton.cdiv(N, block_n) <= MAX_TILES
-    out = torch.empty(M, N, dtype=x.dtype, device=x.device)
-    partial = torch.empty(split_k, M, N, dtype=torch.float32, device=x.device) if split_k > 1 else out
+    out, partial, counters = split_k_buffers(M, N, split_k, x)
     grid = (triton.cdiv(N, block_n), split_k)
-    _awq_gemv_kernel[grid](x, qweight, zeros, scales, out, partial, tile_counters(x.device), M, N, K, x.stride(0),
+    _awq_gemv_kernel[grid](x, qweight, zeros, scales, out, partial, counters, M, N, K, x.stride(0),
                            out.stride(0), MAGIC_BITS, split_k, GROUP_SIZE=group_size,
                            BLOCK_M=triton.next_power_of_2(M), BLOCK_N=block_n, num_warps=num_warps)
     return out
