@@ -119,6 +119,8 @@ def awq_dequantize(qweight: torch.Tensor, zeros: torch.Tensor, scales: torch.Ten
     unpacking W inside every tile of a long GEMM."""
     K, N = qweight.shape[0] * 8, qweight.shape[1]
     assert qweight.is_contiguous() and zeros.is_contiguous() and scales.is_contiguous()
+    if group_size // 8 != triton.next_power_of_2(group_size // 8):     # a group's rows are a Triton block
+        return dequantize_packed(qweight, zeros, scales, group_size).to(dtype)
     out = torch.empty(K, N, dtype=dtype, device=qweight.device)
     grid = (K // group_size, triton.cdiv(N, 256))
     _awq_dequantize_kernel[grid](qweight, zeros, scales, out, N, GROUP_SIZE=group_size, BLOCK_N=256, num_warps=4)
@@ -196,7 +198,8 @@ def pick_method(num_tokens: int, table: list[tuple[int, str]]) -> str:
 
 
 def supported_methods(num_tokens: int, group_size: int) -> tuple[str, ...]:
-    """The kernels need the group's word rows (group / 8) as a power of 2; the tensor-core dots need 16+."""
+    """The kernels need the group's word rows (group / 8) as a power of 2, the tensor-core dots 16+ of them;
+    dequantize + cuBLAS runs any group (in PyTorch when the Triton kernel cannot)."""
     rows = group_size // 8
     if rows != triton.next_power_of_2(rows):
         return ("dequant",)

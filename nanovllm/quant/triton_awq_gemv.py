@@ -7,6 +7,9 @@ for each nibble i multiplies 128 + q (a float made by OR-ing q into 128.0's mant
 by the token's inputs x[g * group + i * R + r]: shift, mask-or and FMA per weight, nothing else. Per
 group and column, the scale and zero point are applied to the running sums:
     y[n] = sum_g s[g, n] * (sum_{k in g} x[k] (128 + q[k, n]) - (128 + z[g, n]) * sum_{k in g} x[k])
+The words, scales and zeros of a group are loaded two groups ahead of their use, so that each program
+keeps three groups of loads in flight instead of waiting for one (the compiler issues a load where the
+source asks for it or later, never earlier).
 Split-K without extra kernels: each program writes its partial sums to a float32 workspace and bumps its
 tile's counter; the program that arrives last adds the partials in split order (so the result does not
 depend on timing), writes y in x's dtype and resets the counter for the next call.
@@ -36,6 +39,15 @@ __all__ = ["awq_gemv", "awq_gemm_ref"]
 
 
 @triton.jit
+def load_group(w_rows, scales_ptr, zeros_ptr, g, end, N, offs_n, ROWS: tl.constexpr):
+    """Group g's words [1, ROWS, BLOCK_N], scales and zeros [BLOCK_N]; zeros past the split's last group."""
+    ok = offs_n < tl.where(g < end, N, 0)
+    return (tl.load(w_rows + g * ROWS * N, mask=ok[None, None, :], other=0),
+            tl.load(scales_ptr + g * N + offs_n, mask=ok, other=0.0),
+            tl.load(zeros_ptr + g * N + offs_n, mask=ok, other=0.0))
+
+
+@triton.jit
 def _awq_gemv_kernel(x_ptr, qweight_ptr, zeros_ptr, scales_ptr, out_ptr, partial_ptr, count_ptr, M, N, K,
                      stride_xm, stride_om, magic, split_k, GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr,
                      BLOCK_N: tl.constexpr):
@@ -47,20 +59,23 @@ def _awq_gemv_kernel(x_ptr, qweight_ptr, zeros_ptr, scales_ptr, out_ptr, partial
     m_ok, n_ok = offs_m < M, offs_n < N
     x_rows = x_ptr + offs_m[:, None, None] * stride_xm + offs_r[None, :, None]           # [BLOCK_M, ROWS, 1]
     w_rows = qweight_ptr + offs_r[None, :, None] * N + offs_n[None, None, :]          # [1, ROWS, BLOCK_N]
-    num_groups = K // GROUP_SIZE
-    per_split = tl.cdiv(num_groups, split_k)
+    per_split = tl.cdiv(K // GROUP_SIZE, split_k)
+    start = pid_k * per_split
+    end = tl.minimum(start + per_split, K // GROUP_SIZE)
+    words, s, z = load_group(w_rows, scales_ptr, zeros_ptr, start, end, N, offs_n, ROWS)
+    words_1, s_1, z_1 = load_group(w_rows, scales_ptr, zeros_ptr, start + 1, end, N, offs_n, ROWS)
     acc = tl.zeros([BLOCK_M, ROWS, BLOCK_N], tl.float32)
-    for g in range(pid_k * per_split, tl.minimum((pid_k + 1) * per_split, num_groups)):
-        words = tl.load(w_rows + g * ROWS * N, mask=n_ok[None, None, :], other=0)
+    for g in range(start, end):
+        words_2, s_2, z_2 = load_group(w_rows, scales_ptr, zeros_ptr, g + 2, end, N, offs_n, ROWS)
         part = tl.zeros([BLOCK_M, ROWS, BLOCK_N], tl.float32)
         x_sum = tl.zeros([BLOCK_M, ROWS, 1], tl.float32)
         for i in tl.static_range(8):
             x = tl.load(x_rows + g * GROUP_SIZE + i * ROWS, mask=m_ok[:, None, None], other=0.0).to(tl.float32)
             part += x * magic_nibble(words, i, magic)
             x_sum += x
-        s = tl.load(scales_ptr + g * N + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, None, :]
-        z = tl.load(zeros_ptr + g * N + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, None, :]
-        acc += part * s - x_sum * (s * (128.0 + z))
+        scale, zero = s.to(tl.float32)[None, None, :], z.to(tl.float32)[None, None, :]
+        acc += part * scale - x_sum * (scale * (128.0 + zero))
+        words, s, z, words_1, s_1, z_1 = words_1, s_1, z_1, words_2, s_2, z_2
     y = tl.sum(acc, axis=1)                                                        # [BLOCK_M, BLOCK_N]
     tile = offs_m[:, None] * N + offs_n[None, :]
     finish_split_k(y, out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], partial_ptr + tile, M * N,
@@ -77,14 +92,14 @@ def tuned_settings(gpu_name: str, k: int, n: int) -> list[tuple[int, list[int]]]
 
 def default_settings(M: int, N: int, K: int, group_size: int, device: torch.device) -> tuple[int, int, int]:
     """(block_n, split_k, num_warps): measured for this shape (`measured_at` the token count), else what
-    won most sweeps on the H200: 64 columns, 4 warps, and split-K up to ~8 programs per SM for one token,
-    fewer as tokens add FMAs (8 / M), at most one group per split."""
+    won most sweeps on the H200: 64 columns, 4 warps, and split-K up to ~4 programs per SM for one token,
+    fewer as tokens add FMAs (4 / M), at most one group per split (longer programs keep their prefetch busy)."""
     table = tuned_settings(device_name(device), K, N) if device.type == "cuda" else []
     measured = measured_at(M, table)
     if measured:
         return tuple(measured)
     block_n = 64
-    per_sm = max(1, 8 // M)
+    per_sm = max(1, 4 // M)
     split_k = max(1, min(triton.cdiv(per_sm * num_sms(device), triton.cdiv(N, block_n)), K // group_size))
     return block_n, split_k, 4
 

@@ -75,8 +75,8 @@ def time_us(layers: list, fn) -> float:
 def sweep_gemv(layers: list, x: torch.Tensor, k: int, n: int) -> tuple[list[int], list[dict]]:
     """The fastest [block_n, split_k, num_warps] for the GEMV kernel, and every timing."""
     timings, tried = [], set()
-    for block_n in (64, 128, 256):
-        for num_warps in (2, 4, 8):
+    for block_n in (64, 128):
+        for num_warps in (4,):
             for per_sm in (1, 2, 4, 8):
                 split_k = max(1, min(triton.cdiv(per_sm * num_sms(x.device), triton.cdiv(n, block_n)), k // 128))
                 if (block_n, split_k, num_warps) in tried:

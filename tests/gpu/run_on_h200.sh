@@ -9,7 +9,7 @@
 #   bash tests/gpu/run_on_h200.sh attention # decode attention microbenchmarks (64 x 8k, 256 x 100..2,048)
 #   bash tests/gpu/run_on_h200.sh bench     # bench.py bf16/int8/fp8 (median of 3)
 #   bash tests/gpu/run_on_h200.sh awq       # AWQ kernel tests, fastest method per shape -> quant/tuned/
-#   bash tests/gpu/run_on_h200.sh awq-sweep # GEMV launch settings per shape ($SWEEP_MODELS, default 0.6B)
+#   bash tests/gpu/run_on_h200.sh awq-sweep # GEMV settings per shape ($SWEEP_MODELS) + methods -> quant/tuned/
 #   bash tests/gpu/run_on_h200.sh awq-e2e   # AWQ vs bf16 end to end (both models), decode profile
 #   bash tests/gpu/run_on_h200.sh regress   # regression_test.sh ($CASES, default all), bench_sharegpt.py
 # Several modes run in turn: `bash tests/gpu/run_on_h200.sh checks bench`. Any H100/H200 card works; results
@@ -60,9 +60,14 @@ case "$mode" in
       --out "$OUT/awq_gemm.json" --write | cut -c1-400
     cp nanovllm/quant/tuned/*.json "$OUT/" 2>/dev/null
     ;;
-  awq-sweep)  # ~50 s per shape and token count: GEMV settings too (only ran for 0.6B in time on 2026-12-03)
-    timeout 580 python tests/awq/bench_gemm.py --models ${SWEEP_MODELS:-0.6B} --tokens 1 4 16 256 --sweep-gemv \
+  awq-sweep)  # ~15 s per shape and token count swept (1-2 tokens: the GEMV's), ~90 s the rest; -> quant/tuned/
+    timeout 250 python tests/awq/bench_gemm.py --models ${SWEEP_MODELS:-8B 0.6B} --tokens 1 2 --sweep-gemv \
       --out "$OUT/awq_gemm-sweep.json" | cut -c1-400
+    timeout 120 python tests/awq/bench_gemm.py --models 8B 0.6B --tokens 4 8 16 64 256 1024 \
+      --out "$OUT/awq_gemm-rest.json" | cut -c1-400
+    python tests/awq/bench_gemm.py --from "$OUT/awq_gemm-sweep.json" "$OUT/awq_gemm-rest.json" \
+      --out "$OUT/awq_gemm.json" --write | tail -c 300
+    cp nanovllm/quant/tuned/*.json "$OUT/" 2>/dev/null
     ;;
   awq-e2e)  # ~5 min: both models' TPOT at batch 1 and batch-256 throughput (follows quant/tuned/), profile
     timeout 290 python tests/awq/bench_awq_vs_bf16.py --models Qwen3-0.6B Qwen3-8B 2>&1 | tail -4
