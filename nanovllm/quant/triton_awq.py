@@ -119,7 +119,7 @@ def awq_dequantize(qweight: torch.Tensor, zeros: torch.Tensor, scales: torch.Ten
     unpacking W inside every tile of a long GEMM."""
     K, N = qweight.shape[0] * 8, qweight.shape[1]
     assert qweight.is_contiguous() and zeros.is_contiguous() and scales.is_contiguous()
-    if group_size // 8 != triton.next_power_of_2(group_size // 8):     # a group's rows are a Triton block
+    if not rows_form_a_block(group_size):
         return dequantize_packed(qweight, zeros, scales, group_size).to(dtype)
     out = torch.empty(K, N, dtype=dtype, device=qweight.device)
     grid = (K // group_size, triton.cdiv(N, 256))
@@ -200,11 +200,15 @@ def pick_method(num_tokens: int, table: list[tuple[int, str]]) -> str:
 def supported_methods(num_tokens: int, group_size: int) -> tuple[str, ...]:
     """The kernels need the group's word rows (group / 8) as a power of 2, the tensor-core dots 16+ of them;
     dequantize + cuBLAS runs any group (in PyTorch when the Triton kernel cannot)."""
-    rows = group_size // 8
-    if rows != triton.next_power_of_2(rows):
+    if not rows_form_a_block(group_size):
         return ("dequant",)
     gemv = ("gemv",) if num_tokens <= GEMV_MAX_TOKENS else ()
-    return gemv + (("fused",) if rows >= 16 else ()) + ("dequant",)
+    return gemv + (("fused",) if group_size // 8 >= 16 else ()) + ("dequant",)
+
+
+def rows_form_a_block(group_size: int) -> bool:
+    """The Triton kernels hold a group's group / 8 word rows as one block, whose size must be a power of 2."""
+    return group_size // 8 == triton.next_power_of_2(group_size // 8)
 
 
 def awq_gemm(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor,

@@ -74,17 +74,16 @@ def time_us(layers: list, fn) -> float:
 
 def sweep_gemv(layers: list, x: torch.Tensor, k: int, n: int) -> tuple[list[int], list[dict]]:
     """The fastest [block_n, split_k, num_warps] for the GEMV kernel, and every timing."""
-    timings, tried = [], set()
+    timings, tried, num_warps = [], set(), 4      # 4 won most H200 sweeps that also tried 2 and 8 warps
     for block_n in (64, 128):
-        for num_warps in (4,):
-            for per_sm in (1, 2, 4, 8):
-                split_k = max(1, min(triton.cdiv(per_sm * num_sms(x.device), triton.cdiv(n, block_n)), k // 128))
-                if (block_n, split_k, num_warps) in tried:
-                    continue
-                tried.add((block_n, split_k, num_warps))
-                us = time_us(layers, lambda t, _: awq_gemv(x, t["qweight"], t["zeros"], t["scales"], 128,
-                                                           block_n=block_n, split_k=split_k, num_warps=num_warps))
-                timings.append({"block_n": block_n, "split_k": split_k, "num_warps": num_warps, "us": round(us, 2)})
+        for per_sm in (1, 2, 4, 8):
+            split_k = max(1, min(triton.cdiv(per_sm * num_sms(x.device), triton.cdiv(n, block_n)), k // 128))
+            if (block_n, split_k) in tried:
+                continue
+            tried.add((block_n, split_k))
+            us = time_us(layers, lambda t, _: awq_gemv(x, t["qweight"], t["zeros"], t["scales"], 128,
+                                                       block_n=block_n, split_k=split_k, num_warps=num_warps))
+            timings.append({"block_n": block_n, "split_k": split_k, "num_warps": num_warps, "us": round(us, 2)})
     best = min(timings, key=lambda row: row["us"])
     return [best["block_n"], best["split_k"], best["num_warps"]], timings
 

@@ -110,68 +110,6 @@ def test_split_k_partials_add_up_and_reset_the_counters(split_k, method, m):
     assert not tile_counters(x.device).any()
 
 
-def test_measured_fastest_method_is_followed(tmp_path, monkeypatch):
-    pytest.importorskip("triton")
-    from awq.bench_gemm import fastest_methods
-    from nanovllm.quant import triton_awq
-    rows = [{"tokens": m, "fused_us": f, "gemv_us": g, "dequant_matmul_us": d}
-            for m, f, g, d in [(1, 5.0, 3.0, 9.0), (1, 5.0, 4.0, 9.0), (64, 8.0, None, 7.0), (64, 9.0, None, 9.0)]]
-    fastest = fastest_methods(rows)
-    assert fastest == {"1": "gemv", "64": "dequant"}     # totals over layers: 10 vs 7 vs 18; 17 vs 16
-    monkeypatch.setattr(triton_awq, "TUNED_DIR", str(tmp_path))
-    triton_awq.tuned_methods.cache_clear()
-    with open(triton_awq.tuned_methods_path("Some GPU"), "w") as f:
-        json.dump({"fastest": fastest}, f)
-    table = triton_awq.tuned_methods("Some GPU")
-    assert [triton_awq.pick_method(m, table) for m in (1, 2, 64, 5000)] == ["gemv", "dequant", "dequant", "dequant"]
-    assert [triton_awq.pick_method(m, []) for m in (1, 8, 9, 5000)] == ["gemv", "gemv", "fused", "dequant"]
-    triton_awq.tuned_methods.cache_clear()
-
-
-def test_measured_fastest_method_per_layer_shape(tmp_path, monkeypatch):
-    pytest.importorskip("triton")
-    from awq.bench_gemm import write_tuned
-    from nanovllm.quant import triton_awq
-    rows = [{"k": k, "n": n, "tokens": m, "fused_us": f, "gemv_us": g, "dequant_matmul_us": d}
-            for k, n, m, f, g, d in [(64, 32, 1, 5.0, 6.0, 2.0), (64, 32, 64, 8.0, None, 7.0),
-                                     (32, 64, 1, 5.0, 6.0, 9.0), (32, 64, 64, 9.0, None, 9.5)]]
-    monkeypatch.setattr(triton_awq, "TUNED_DIR", str(tmp_path))
-    triton_awq.tuned_methods.cache_clear()
-    write_tuned({"rows": rows, "gpu": "Some GPU", "date": "today"}, "test")
-    assert triton_awq.tuned_methods("Some GPU", 64, 32) == [(1, "dequant"), (64, "dequant")]
-    assert triton_awq.tuned_methods("Some GPU", 32, 64) == [(1, "fused"), (64, "fused")]
-    assert triton_awq.tuned_methods("Some GPU", 128, 128) == [(1, "fused"), (64, "dequant")]   # summed: 10/12/11
-    triton_awq.tuned_methods.cache_clear()
-
-
-def test_measured_gemv_settings_are_followed(tmp_path, monkeypatch):
-    """--sweep-gemv rows -> gemv_by_shape in the tuned file -> the settings awq_gemv launches with."""
-    pytest.importorskip("triton")
-    from awq.bench_gemm import write_tuned
-    from nanovllm.quant import triton_awq, triton_awq_gemv
-    rows = [{"k": 256, "n": 64, "tokens": m, "fused_us": 2.0, "gemv_us": 1.0, "dequant_matmul_us": 3.0,
-             "gemv_settings": settings} for m, settings in [(1, [32, 4, 2]), (4, [64, 2, 4])]]
-    monkeypatch.setattr(triton_awq, "TUNED_DIR", str(tmp_path))
-    monkeypatch.setattr(triton_awq_gemv, "TUNED_DIR", str(tmp_path))
-    triton_awq_gemv.tuned_settings.cache_clear()
-    write_tuned({"rows": rows, "gpu": "Some GPU", "date": "today"}, "test")
-    assert triton_awq_gemv.tuned_settings("Some GPU", 256, 64) == [(1, [32, 4, 2]), (4, [64, 2, 4])]
-    assert triton_awq_gemv.tuned_settings("Some GPU", 512, 64) == []
-    triton_awq_gemv.tuned_settings.cache_clear()
-
-
-def test_default_gemv_settings_fill_the_gpu():
-    """Without measurements: 64 columns, 4 warps, split-K to ~4 / tokens programs per SM, whole groups."""
-    pytest.importorskip("triton")
-    from nanovllm.quant.triton_awq_gemv import default_settings
-    cpu = torch.device("cpu")     # num_sms is 8 off the GPU
-    assert default_settings(1, 6144, 4096, 128, cpu) == (64, 1, 4)            # 96 tiles already fill 8 SMs
-    assert default_settings(1, 256, 4096, 128, cpu) == (64, 8, 4)             # 4 tiles x 8 = 32 programs
-    assert default_settings(2, 256, 4096, 128, cpu) == (64, 4, 4)
-    assert default_settings(8, 256, 4096, 128, cpu) == (64, 2, 4)
-    assert default_settings(1, 256, 256, 128, cpu) == (64, 2, 4)              # at most one group per split
-
-
 @functools.cache
 def real_size_weight(k, n):
     g = torch.Generator(device="cuda").manual_seed(k + n)

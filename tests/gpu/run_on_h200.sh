@@ -26,7 +26,7 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
 for mode in "${@:-checks}"; do
 case "$mode" in
   checks)
-    timeout 250 python -m pytest -q -p no:cacheprovider tests/test_gpu.py tests/awq/test_awq.py \
+    timeout 250 python -m pytest -q -p no:cacheprovider tests/test_gpu.py tests/awq \
       2>&1 | tee "$OUT/gpu_tests.log" | tail -15
     ;;
   kernels)
@@ -55,7 +55,7 @@ case "$mode" in
     cp benchmark_results/kv_int8_cache/decode-attention-*.json "$OUT/" 2>/dev/null
     ;;
   awq)      # ~3 min: AWQ kernel tests at real sizes, the fastest method per shape and token count -> quant/tuned/
-    timeout 150 python -m pytest -q -p no:cacheprovider tests/awq/test_awq.py 2>&1 | tee "$OUT/awq_tests.log" | tail -3
+    timeout 150 python -m pytest -q -p no:cacheprovider tests/awq 2>&1 | tee "$OUT/awq_tests.log" | tail -3
     timeout 150 python tests/awq/bench_gemm.py --models 8B 0.6B --tokens 1 2 4 8 16 64 256 1024 \
       --out "$OUT/awq_gemm.json" --write | cut -c1-400
     cp nanovllm/quant/tuned/*.json "$OUT/" 2>/dev/null
