@@ -86,8 +86,8 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, ou
     for start_n in range(start, end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         key_ok = offs_n < end
-        k, v, slots = load_kv_tile(k_cache_ptr, v_cache_ptr, block_tables_ptr, seq, kv_head, offs_n, key_ok,
-                                   stride_bt, stride_cb, stride_cs, stride_ch, BLOCK_SIZE, HEAD_DIM)
+        k, v, slots = load_kv_tile(k_cache_ptr, v_cache_ptr, block_tables_ptr, seq, kv_head, start_n, key_ok,
+                                   stride_bt, stride_cb, stride_cs, stride_ch, BLOCK_SIZE, HEAD_DIM, BLOCK_N)
         s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * qk_scale
         if QUANT:   # K's per-key scales multiply the score columns
             s = s * key_scales(k_scale_ptr, slots, kv_head, key_ok, stride_ss)

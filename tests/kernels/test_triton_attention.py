@@ -132,7 +132,9 @@ def test_split_count_fills_the_gpu_and_is_a_power_of_two():
     assert n & (n - 1) == 0 and n > 1
 
 
-@pytest.mark.parametrize("settings", [{"block_n": 32, "num_warps": 2, "num_stages": 2},
+# block_n 16 = block_size 16: each tile lies inside one cache block (load_kv_tile's one-lookup branch)
+@pytest.mark.parametrize("settings", [{"block_n": 16, "num_warps": 2, "num_stages": 2},
+                                      {"block_n": 32, "num_warps": 2, "num_stages": 2},
                                       {"block_n": 128, "num_warps": 8, "num_stages": 4},
                                       {"block_n": 64, "num_warps": 2, "num_stages": 3}])
 @pytest.mark.parametrize("kv_cache_dtype", KV_DTYPES)
