@@ -156,6 +156,11 @@ def device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device)
 
 
+def split_k_for(per_sm: int, tiles: int, num_groups: int, device: torch.device) -> int:
+    """K splits that put ~per_sm programs on every SM for `tiles` output tiles, in whole groups (>= 1 each)."""
+    return max(1, min(triton.cdiv(per_sm * num_sms(device), tiles), num_groups))
+
+
 @functools.cache
 def num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
@@ -236,7 +241,7 @@ def awq_gemm(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, scales
     block_n = 128
     tiles = triton.cdiv(M, block_m) * triton.cdiv(N, block_n)
     if split_k is None:     # split K until the GPU has ~2 programs per SM, in whole groups
-        split_k = max(1, min(triton.cdiv(2 * num_sms(x.device), tiles), K // group_size))
+        split_k = split_k_for(2, tiles, K // group_size, x.device)
     assert tiles <= MAX_TILES
     out, partial, counters = split_k_buffers(M, N, split_k, x)
     _awq_gemm_kernel[(tiles, split_k)](x, qweight, zeros, scales, out, partial, counters, M, N, K,

@@ -30,8 +30,8 @@ from nanovllm.quant.triton_awq import (
     finish_split_k,
     magic_nibble,
     measured_at,
-    num_sms,
     split_k_buffers,
+    split_k_for,
 )
 from nanovllm.utils.tuned import read_tuned
 
@@ -100,7 +100,7 @@ def default_settings(M: int, N: int, K: int, group_size: int, device: torch.devi
         return tuple(measured)
     block_n = 64
     per_sm = max(1, 4 // M)
-    split_k = max(1, min(triton.cdiv(per_sm * num_sms(device), triton.cdiv(N, block_n)), K // group_size))
+    split_k = split_k_for(per_sm, triton.cdiv(N, block_n), K // group_size, device)
     return block_n, split_k, 4
 
 

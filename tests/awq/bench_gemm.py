@@ -29,7 +29,7 @@ from nanovllm.quant.triton_awq import (  # noqa: E402
     GEMV_MAX_TOKENS,
     awq_dequantize,
     awq_gemm,
-    num_sms,
+    split_k_for,
     tuned_methods_path,
 )
 from nanovllm.quant.triton_awq_gemv import awq_gemv  # noqa: E402
@@ -77,7 +77,7 @@ def sweep_gemv(layers: list, x: torch.Tensor, k: int, n: int) -> tuple[list[int]
     timings, tried, num_warps = [], set(), 4      # 4 won most H200 sweeps that also tried 2 and 8 warps
     for block_n in (64, 128):
         for per_sm in (1, 2, 4, 8):
-            split_k = max(1, min(triton.cdiv(per_sm * num_sms(x.device), triton.cdiv(n, block_n)), k // 128))
+            split_k = split_k_for(per_sm, triton.cdiv(n, block_n), k // 128, x.device)
             if (block_n, split_k) in tried:
                 continue
             tried.add((block_n, split_k))
