@@ -49,32 +49,65 @@ def gather_kv(values: torch.Tensor, scales: torch.Tensor | None, block_table: to
     return dequantize_ref(x, scales[blocks].flatten(0, 1)[:context_len])
 
 
-def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+INT8_TILE = 64   # keys per tile over which P is rounded for INT8 dots (the kernels' BLOCK_N; theirs may differ)
+
+
+def round_rows_to_int8_ref(x: torch.Tensor) -> torch.Tensor:
+    """x [..., n] rounded to INT8 steps per row (max |x| -> 127, half away from zero), as float32 values."""
+    scale = x.abs().amax(-1, keepdim=True).clamp_min(1e-30) / 127
+    y = x / scale
+    return torch.where(y >= 0, y + 0.5, y - 0.5).trunc() * scale
+
+
+def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                  v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of q [n_q, Hq, D] over k, v [n_k, Hkv, D], with q being the last n_q positions.
 
-    Query i sits at position n_k - n_q + i and sees keys 0..that position. Math in float32.
+    Query i sits at position n_k - n_q + i and sees keys 0..that position. Math in float32. With v_scale
+    [n_k, Hkv] (an INT8 cache, k and v dequantized) the math of the INT8 dots (triton_tiles.int8_scores /
+    int8_pv): q rounded per row to INT8, and the probabilities times V's scales rounded per row within each
+    tile of INT8_TILE keys.
     """
     n_q, num_heads, _ = q.shape
     n_k, num_kv_heads, _ = k.shape
     group = num_heads // num_kv_heads
+    dtype, q = q.dtype, (q.float() if v_scale is None else round_rows_to_int8_ref(q.float()))
     k = k.float().repeat_interleave(group, dim=1)   # [n_k, Hq, D]
     v = v.float().repeat_interleave(group, dim=1)
-    scores = torch.einsum("qhd,khd->hqk", q.float(), k) * scale
+    scores = torch.einsum("qhd,khd->hqk", q, k) * scale
     q_pos = torch.arange(n_k - n_q, n_k, device=q.device)[:, None]
     k_pos = torch.arange(n_k, device=q.device)[None, :]
-    scores = scores.masked_fill(k_pos > q_pos, float("-inf"))
-    out = torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1), v)
-    return out.to(q.dtype)
+    probs = scores.masked_fill(k_pos > q_pos, float("-inf")).softmax(dim=-1)
+    if v_scale is not None:
+        probs = round_probs_per_tile_ref(probs, v_scale.float().repeat_interleave(group, dim=1).t()[:, None, :])
+    out = torch.einsum("hqk,khd->qhd", probs, v)
+    return out.to(dtype)
+
+
+def round_probs_per_tile_ref(probs: torch.Tensor, v_scale: torch.Tensor) -> torch.Tensor:
+    """probs [Hq, n_q, n_k] as the INT8 P @ V sees them: times V's per-key scales (v_scale [Hq, 1, n_k]),
+    rounded per row of each INT8_TILE-key tile, divided by the scales again (V is then dequantized)."""
+    n_k = probs.shape[-1]
+    tiles = pad_to_multiple(probs * v_scale, INT8_TILE).unflatten(-1, (-1, INT8_TILE))   # [Hq, n_q, tiles, INT8_TILE]
+    rounded = round_rows_to_int8_ref(tiles).flatten(-2)[..., :n_k]
+    return rounded / v_scale.clamp_min(1e-30)
+
+
+def pad_to_multiple(x: torch.Tensor, multiple: int) -> torch.Tensor:
+    """x zero-padded on its last dimension to a multiple of `multiple`."""
+    return torch.nn.functional.pad(x, (0, -x.shape[-1] % multiple))
 
 
 def paged_attention_ref(q: torch.Tensor, cache: LayerKVCache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
     """Attention for a flat batch q [num_tokens, Hq, D] reading K/V through block tables."""
     out = torch.empty_like(q)
     cu = meta.cu_seqlens_q_cpu
+    int8 = kv_cache_kind(cache) == "int8"
     for i, context_len in enumerate(meta.context_lens_cpu):
         k = gather_kv(cache.k, cache.k_scale, meta.block_tables[i], context_len)
         v = gather_kv(cache.v, cache.v_scale, meta.block_tables[i], context_len)
-        out[cu[i]:cu[i + 1]] = attention_ref(q[cu[i]:cu[i + 1]], k, v, scale)
+        v_scale = gather_kv(cache.v_scale, None, meta.block_tables[i], context_len) if int8 else None
+        out[cu[i]:cu[i + 1]] = attention_ref(q[cu[i]:cu[i + 1]], k, v, scale, v_scale)
     return out
 
 

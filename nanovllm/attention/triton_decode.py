@@ -31,7 +31,15 @@ import triton
 import triton.language as tl
 
 from nanovllm.attention.torch_ref import dot_precision, kv_cache_kind, paged_attention_ref
-from nanovllm.attention.triton_tiles import check_paged_inputs, key_scales, load_kv_tile, online_softmax
+from nanovllm.attention.triton_tiles import (
+    check_paged_inputs,
+    int8_pv,
+    int8_scores,
+    key_scales,
+    load_kv_tile,
+    online_softmax,
+    round_rows_to_int8,
+)
 from nanovllm.quant.kv import LayerKVCache
 from nanovllm.utils.tuned import read_tuned, tuned_path
 
@@ -64,7 +72,7 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, ou
                    stride_qt, stride_qh, stride_ot, stride_oh, stride_bt, stride_cb, stride_cs, stride_ch, stride_ss,
                    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                   QUANT: tl.constexpr, DOT_FP16: tl.constexpr, ORDERED: tl.constexpr):
+                   QUANT: tl.constexpr, DOT_FP16: tl.constexpr, INT8_DOTS: tl.constexpr, ORDERED: tl.constexpr):
     kv_head, seq, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if ORDERED:
         seq = tl.load(order_ptr + seq)
@@ -80,6 +88,8 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, ou
                 mask=head_ok[:, None], other=0.0)
     if DOT_FP16:   # FP8 cache: the dots run in float16
         q = q.to(tl.float16)
+    if INT8_DOTS:  # INT8 cache: the dots run on the INT8 tensor cores (triton_tiles.int8_scores / int8_pv)
+        q8, q_scale = round_rows_to_int8(q.to(tl.float32))
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
@@ -88,13 +98,20 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, ou
         key_ok = offs_n < end
         k, v, slots = load_kv_tile(k_cache_ptr, v_cache_ptr, block_tables_ptr, seq, kv_head, start_n, key_ok,
                                    stride_bt, stride_cb, stride_cs, stride_ch, BLOCK_SIZE, HEAD_DIM, BLOCK_N)
-        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * qk_scale
+        if INT8_DOTS:
+            s = int8_scores(q8, q_scale, k) * qk_scale
+        else:
+            s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * qk_scale
         if QUANT:   # K's per-key scales multiply the score columns
             s = s * key_scales(k_scale_ptr, slots, kv_head, key_ok, stride_ss)
         p, alpha, m_i, l_i = online_softmax(tl.where(key_ok[None, :], s, float("-inf")), m_i, l_i)
         if QUANT:   # V's per-key scales multiply the probability columns (after l is updated)
             p = p * key_scales(v_scale_ptr, slots, kv_head, key_ok, stride_ss)
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
+        if INT8_DOTS:
+            pv = int8_pv(p, v)
+        else:
+            pv = tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
+        acc = acc * alpha[:, None] + pv
     if NUM_SPLITS == 1:
         out = acc / l_i[:, None]
         tl.store(out_ptr + seq * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
@@ -153,7 +170,7 @@ def decode_attention(q: torch.Tensor, cache: LayerKVCache, block_tables: torch.T
         scale * 1.4426950408889634, q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_scale.stride(1) if cache.quantized else 0,
         QUANT=cache.quantized, ORDERED=order is not None,
-        DOT_FP16=kv_cache_kind(cache) == "fp8" and q.dtype == torch.bfloat16,
+        DOT_FP16=kv_cache_kind(cache) == "fp8" and q.dtype == torch.bfloat16, INT8_DOTS=kv_cache_kind(cache) == "int8",
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=block_size,
         HEAD_DIM=head_dim, BLOCK_N=settings["block_n"], NUM_SPLITS=num_splits, DOT_PRECISION=dot_precision(q.dtype),
         num_warps=settings["num_warps"], num_stages=settings["num_stages"])

@@ -16,8 +16,16 @@ import torch
 import triton
 import triton.language as tl
 
-from nanovllm.attention.torch_ref import dot_precision, paged_attention_ref
-from nanovllm.attention.triton_tiles import check_paged_inputs, key_scales, load_kv_tile, online_softmax
+from nanovllm.attention.torch_ref import dot_precision, kv_cache_kind, paged_attention_ref
+from nanovllm.attention.triton_tiles import (
+    check_paged_inputs,
+    int8_pv,
+    int8_scores,
+    key_scales,
+    load_kv_tile,
+    online_softmax,
+    round_rows_to_int8,
+)
 from nanovllm.quant.kv import LayerKVCache
 
 __all__ = ["prefill_attention", "paged_attention_ref"]
@@ -29,7 +37,7 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, o
                     stride_cb, stride_cs, stride_ch, stride_ss,
                     GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                    QUANT: tl.constexpr):
+                    QUANT: tl.constexpr, INT8_DOTS: tl.constexpr):
     tile, seq, head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     q_start = tl.load(cu_q_ptr + seq)
     q_len = tl.load(cu_q_ptr + seq + 1) - q_start
@@ -43,6 +51,8 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, o
         q = tl.load(q_ptr + q_rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
                     mask=row_ok[:, None], other=0.0)
         q_pos = context_len - q_len + offs_m
+        if INT8_DOTS:  # INT8 cache: the dots run on the INT8 tensor cores (triton_tiles.int8_scores / int8_pv)
+            q8, q_scale = round_rows_to_int8(q.to(tl.float32))
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
@@ -52,14 +62,21 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, o
             key_ok = offs_n < context_len
             k, v, slots = load_kv_tile(k_cache_ptr, v_cache_ptr, block_tables_ptr, seq, kv_head, start_n, key_ok,
                                        stride_bt, stride_cb, stride_cs, stride_ch, BLOCK_SIZE, HEAD_DIM, BLOCK_N)
-            s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * qk_scale   # [BLOCK_M, BLOCK_N]
+            if INT8_DOTS:
+                s = int8_scores(q8, q_scale, k) * qk_scale                                    # [BLOCK_M, BLOCK_N]
+            else:
+                s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * qk_scale
             if QUANT:   # K's per-key scales multiply the score columns
                 s = s * key_scales(k_scale_ptr, slots, kv_head, key_ok, stride_ss)
             visible = (offs_n[None, :] <= q_pos[:, None]) & key_ok[None, :]
             p, alpha, m_i, l_i = online_softmax(tl.where(visible, s, float("-inf")), m_i, l_i)
             if QUANT:   # V's per-key scales multiply the probability columns (after l is updated)
                 p = p * key_scales(v_scale_ptr, slots, kv_head, key_ok, stride_ss)
-            acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
+            if INT8_DOTS:
+                pv = int8_pv(p, v)
+            else:
+                pv = tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
+            acc = acc * alpha[:, None] + pv
         out = acc / l_i[:, None]
         tl.store(out_ptr + q_rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
@@ -80,6 +97,7 @@ def prefill_attention(q: torch.Tensor, cache: LayerKVCache, block_tables: torch.
                           scale * 1.4426950408889634, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
                           block_tables.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
                           k_scale.stride(1) if cache.quantized else 0, QUANT=cache.quantized,
+                          INT8_DOTS=kv_cache_kind(cache) == "int8",
                           GROUP=num_heads // num_kv_heads, BLOCK_SIZE=block_size, HEAD_DIM=head_dim,
                           BLOCK_M=block_m, BLOCK_N=block_n, DOT_PRECISION=dot_precision(q.dtype),
                           num_warps=4, num_stages=2)

@@ -6,6 +6,10 @@ cache [num_blocks, block_size, num_kv_heads, head_dim]; INT8/FP8 scales are inde
 online_softmax: one tile of FlashAttention's streaming softmax in base 2. With running max m and sum l,
     m' = max(m, max_j s_j),  p_j = 2^(s_j - m'),  alpha = 2^(m - m'),  l' = l * alpha + sum_j p_j
 and the caller rescales its accumulator by alpha before adding p @ V.
+int8_scores / int8_pv: the two dots on the INT8 tensor cores, straight on an INT8 cache's bytes. The query
+is rounded per row to INT8 (`round_rows_to_int8`: a row's max |x| -> 127) and the int32 scores multiplied
+by the row's scale; the probabilities, V's per-key scales folded in, are rounded the same way per row of
+each tile, and the int32 result multiplied by that scale. Reference: `attention_ref` with `v_scale`.
 """
 import torch
 import triton
@@ -59,3 +63,24 @@ def online_softmax(s, m_i, l_i):
     p = tl.exp2(s - m_new[:, None])
     alpha = tl.exp2(m_i - m_new)
     return p, alpha, m_new, l_i * alpha + tl.sum(p, 1)
+
+
+@triton.jit
+def round_rows_to_int8(x):
+    """(x [rows, cols] rounded to INT8, per row: its max |x| -> 127, half away from zero; the scales [rows])."""
+    scale = tl.maximum(tl.max(tl.abs(x), 1), 1e-30) / 127.0
+    y = x / scale[:, None]
+    return tl.where(y >= 0, y + 0.5, y - 0.5).to(tl.int8), scale
+
+
+@triton.jit
+def int8_scores(q8, q_scale, k):
+    """Scores [rows, BLOCK_N] of the INT8-rounded query (q8, q_scale) against an INT8 K tile, before K's scales."""
+    return tl.dot(q8, tl.trans(k), out_dtype=tl.int32).to(tl.float32) * q_scale[:, None]
+
+
+@triton.jit
+def int8_pv(p, v):
+    """p [rows, BLOCK_N] (probabilities times V's per-key scales, >= 0) @ an INT8 V tile, p rounded to INT8."""
+    p8, p_scale = round_rows_to_int8(p)
+    return tl.dot(p8, v, out_dtype=tl.int32).to(tl.float32) * p_scale[:, None]
