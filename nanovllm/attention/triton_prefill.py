@@ -53,6 +53,7 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, o
         q_pos = context_len - q_len + offs_m
         if INT8_DOTS:  # INT8 cache: the dots run on the INT8 tensor cores (triton_tiles.int8_scores / int8_pv)
             q8, q_scale = round_rows_to_int8(q.to(tl.float32))
+            q_scale = q_scale * qk_scale     # the softmax scale folded into the row scale
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
@@ -63,7 +64,7 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, o
             k, v, slots = load_kv_tile(k_cache_ptr, v_cache_ptr, block_tables_ptr, seq, kv_head, start_n, key_ok,
                                        stride_bt, stride_cb, stride_cs, stride_ch, BLOCK_SIZE, HEAD_DIM, BLOCK_N)
             if INT8_DOTS:
-                s = int8_scores(q8, q_scale, k) * qk_scale                                    # [BLOCK_M, BLOCK_N]
+                s = int8_scores(q8, q_scale, k)                                           # [BLOCK_M, BLOCK_N]
             else:
                 s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * qk_scale
             if QUANT:   # K's per-key scales multiply the score columns

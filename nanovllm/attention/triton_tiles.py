@@ -75,7 +75,8 @@ def round_rows_to_int8(x):
 
 @triton.jit
 def int8_scores(q8, q_scale, k):
-    """Scores [rows, BLOCK_N] of the INT8-rounded query (q8, q_scale) against an INT8 K tile, before K's scales."""
+    """Scores [rows, BLOCK_N] of the INT8-rounded query (q8, q_scale: its row scales, the softmax scale folded
+    in) against an INT8 K tile, before K's per-key scales."""
     return tl.dot(q8, tl.trans(k), out_dtype=tl.int32).to(tl.float32) * q_scale[:, None]
 
 
