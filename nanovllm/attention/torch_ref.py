@@ -56,7 +56,7 @@ def round_rows_to_int8_ref(x: torch.Tensor) -> torch.Tensor:
     """x [..., n] rounded to INT8 steps per row (max |x| -> 127, half away from zero), as float32 values."""
     scale = x.abs().amax(-1, keepdim=True).clamp_min(1e-30) / 127
     y = x / scale
-    return torch.where(y >= 0, y + 0.5, y - 0.5).trunc() * scale
+    return y.abs().add_(0.5).trunc_().copysign_(y).mul_(scale)   # in place: real-size prefill is GBs
 
 
 def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
@@ -77,7 +77,8 @@ def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: floa
     scores = torch.einsum("qhd,khd->hqk", q, k) * scale
     q_pos = torch.arange(n_k - n_q, n_k, device=q.device)[:, None]
     k_pos = torch.arange(n_k, device=q.device)[None, :]
-    probs = scores.masked_fill(k_pos > q_pos, float("-inf")).softmax(dim=-1)
+    probs = scores.masked_fill_(k_pos > q_pos, float("-inf")).softmax(dim=-1)
+    del scores
     if v_scale is not None:
         probs = round_probs_per_tile_ref(probs, v_scale.float().repeat_interleave(group, dim=1).t()[:, None, :])
     out = torch.einsum("hqk,khd->qhd", probs, v)

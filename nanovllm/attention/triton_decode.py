@@ -44,6 +44,7 @@ from nanovllm.quant.kv import LayerKVCache
 from nanovllm.utils.tuned import read_tuned, tuned_path
 
 DEFAULT_SETTINGS = {"block_n": 64, "num_warps": 4, "num_stages": 3}
+INT8_MIN_BLOCK_N = 32
 TUNED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuned")
 
 
@@ -165,15 +166,18 @@ def decode_attention(q: torch.Tensor, cache: LayerKVCache, block_tables: torch.T
         part_ml = torch.empty(num_seqs * num_heads * num_splits, 2, dtype=torch.float32, device=q.device)
     k_scale, v_scale = (cache.k_scale, cache.v_scale) if cache.quantized else (k_cache, v_cache)
     settings = settings or launch_settings(cache)
+    int8_dots = kv_cache_kind(cache) == "int8"
+    # an INT8 mma multiplies 32-deep: P @ V needs at least 32 keys per tile
+    block_n = max(settings["block_n"], INT8_MIN_BLOCK_N) if int8_dots else settings["block_n"]
     _decode_kernel[(num_kv_heads, num_seqs, num_splits)](
         q, k_cache, v_cache, k_scale, v_scale, out, part_acc, part_ml, block_tables, context_lens,
         context_lens if order is None else order,
         scale * 1.4426950408889634, q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_scale.stride(1) if cache.quantized else 0,
         QUANT=cache.quantized, ORDERED=order is not None,
-        DOT_FP16=kv_cache_kind(cache) == "fp8" and q.dtype == torch.bfloat16, INT8_DOTS=kv_cache_kind(cache) == "int8",
+        DOT_FP16=kv_cache_kind(cache) == "fp8" and q.dtype == torch.bfloat16, INT8_DOTS=int8_dots,
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=block_size,
-        HEAD_DIM=head_dim, BLOCK_N=settings["block_n"], NUM_SPLITS=num_splits, DOT_PRECISION=dot_precision(q.dtype),
+        HEAD_DIM=head_dim, BLOCK_N=block_n, NUM_SPLITS=num_splits, DOT_PRECISION=dot_precision(q.dtype),
         num_warps=settings["num_warps"], num_stages=settings["num_stages"])
     if num_splits > 1:
         _combine_kernel[(num_seqs, num_heads)](part_acc, part_ml, out, out.stride(0), out.stride(1),
