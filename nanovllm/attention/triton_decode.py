@@ -11,13 +11,14 @@ with several, each writes its unnormalized accumulator and its softmax statistic
 second kernel combines them:
     out = sum_i exp2(m_i - M) acc_i / sum_i exp2(m_i - M) l_i,   M = max_i m_i.
 Context lengths are read on the device, so the launch is the same for every step and fits a CUDA graph.
-INT8/FP8 caches are converted in registers; K's scales multiply the score columns and V's the probability
-columns, so the quantized cache is read once and never expanded in memory.
+With a quantized cache K's scales multiply the score columns and V's the probability columns, so the cache
+is read once and never expanded in memory.
 Scores and the weighted sum of V use tl.dot (tensor cores, the group padded to 16 rows); Triton's pipeliner
 copies the next K/V tile into shared memory (cp.async) while the current one is computed. An FP8 tile is
 converted to float16 (one instruction per two values; to bfloat16 it takes several per value), so with an
-FP8 cache the dots run in float16 (the query converted once). INT8 stays on bfloat16, for which Triton has a
-fast byte-to-bfloat16 conversion (its INT8-to-float16 one is a quarter-rate instruction per value).
+FP8 cache the dots run in float16 (the query converted once). An INT8 tile is not converted at all: both
+dots run on the INT8 tensor cores (the query rounded per row to INT8 once, P times V's scales rounded per
+row of each tile; triton_tiles.int8_scores / int8_pv), which needs tiles of at least 32 keys.
 Launch settings (keys per tile, warps, pipeline stages) come per GPU model and KV cache dtype from
 tuned/decode-<GPU>.json, written by `tests/kv_quant/bench_decode_attention.py --sweep --write`, as vLLM
 ships tuned kernel configs per device; DEFAULT_SETTINGS elsewhere.

@@ -7,9 +7,11 @@ Query row r sits at position context_len - n_q + r and sees keys 0..that positio
 Grid: (query tiles of BLOCK_M, sequences, query heads). Each program streams its keys in tiles of BLOCK_N,
 looking up each key's block in the block table (so any block size works), with the online softmax of
 FlashAttention: running max m, running sum l, rescaled accumulator. Scores use exp2 with the scale
-folded into log2(e). With an INT8/FP8 cache the tiles are converted to the model dtype in registers and the
-per-key scales are applied where they cost least: K's to the score columns, V's to the probability
-columns before the second dot (never a dequantized copy of the cache in memory).
+folded into log2(e). With an FP8 cache the tiles are converted to the model dtype in registers; with an
+INT8 cache both dots run on the INT8 tensor cores on the cache's bytes (query and P rounded per row to
+INT8, as in the decode kernel). Either way the per-key scales are applied where they cost least: K's to
+the score columns, V's to the probability columns before the second dot (never a dequantized copy of the
+cache in memory).
 Reference: `paged_attention_ref`.
 """
 import torch

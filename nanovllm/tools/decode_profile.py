@@ -94,7 +94,8 @@ def main():
     record = {"num_seqs": args.num_seqs, "steps": args.steps, "bench_workload": args.bench_workload,
               "wall_ms_per_step": 1e3 * wall / args.steps,
               "gpu_busy_ms_per_step": busy / 1e3 / args.steps, "idle_fraction": round(1 - busy / window, 4),
-              "enforce_eager": args.enforce_eager, "gpu": torch.cuda.get_device_name(),
+              "enforce_eager": args.enforce_eager, "kv_cache_dtype": args.kv_cache_dtype,
+              "gpu": torch.cuda.get_device_name(),
               "top_kernels_ms_per_step": top_kernels(prof, args.steps), "command": "python " + " ".join(sys.argv),
               "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     if args.out:

@@ -8,6 +8,7 @@ from nanovllm.utils.results import load_records
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 KV_BYTES_BENCH = 13.85e12   # KV cache bytes the bench workload's decode reads (Qwen3-0.6B, bf16), see docs
+QUANTIZED_KV_BYTES = (128 + 4) / (2 * 128)   # int8/fp8 per bf16 byte: 1-byte values + a float32 scale per 128
 
 
 def bench_rows(root: str) -> list[str]:
@@ -73,7 +74,9 @@ def profile_rows(root: str) -> list[str]:
                 f"{r['wall_ms_per_step']:.2f} ms wall per step, {r['gpu_busy_ms_per_step']:.2f} ms GPU busy "
                 f"(idle {100 * r['idle_fraction']:.1f}%), decode attention {decode_ms:.2f} ms")
         if r.get("bench_workload") and decode_ms:
-            line += f", i.e. {KV_BYTES_BENCH / (decode_ms * 1e-3 * r['steps']) / 1e12:.2f} TB/s of KV reads"
+            kv_dtype = r.get("kv_cache_dtype", "auto")
+            kv_bytes = KV_BYTES_BENCH * (1 if kv_dtype == "auto" else QUANTIZED_KV_BYTES)
+            line += f", i.e. {kv_bytes / (decode_ms * 1e-3 * r['steps']) / 1e12:.2f} TB/s of {kv_dtype} KV reads"
         rows.append(line + ".")
     return rows
 
