@@ -35,11 +35,11 @@ from nanovllm.attention.torch_ref import dot_precision, kv_cache_kind, paged_att
 from nanovllm.attention.triton_tiles import (
     check_paged_inputs,
     int8_pv,
+    int8_query,
     int8_scores,
     key_scales,
     load_kv_tile,
     online_softmax,
-    round_rows_to_int8,
 )
 from nanovllm.quant.kv import LayerKVCache
 from nanovllm.utils.tuned import read_tuned, tuned_path
@@ -91,8 +91,7 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, ou
     if DOT_FP16:   # FP8 cache: the dots run in float16
         q = q.to(tl.float16)
     if INT8_DOTS:  # INT8 cache: the dots run on the INT8 tensor cores (triton_tiles.int8_scores / int8_pv)
-        q8, q_scale = round_rows_to_int8(q.to(tl.float32))
-        q_scale = q_scale * qk_scale     # the softmax scale folded into the row scale
+        q8, q_scale = int8_query(q, qk_scale)     # the softmax scale folded into the row scales
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
@@ -167,16 +166,16 @@ def decode_attention(q: torch.Tensor, cache: LayerKVCache, block_tables: torch.T
         part_ml = torch.empty(num_seqs * num_heads * num_splits, 2, dtype=torch.float32, device=q.device)
     k_scale, v_scale = (cache.k_scale, cache.v_scale) if cache.quantized else (k_cache, v_cache)
     settings = settings or launch_settings(cache)
-    int8_dots = kv_cache_kind(cache) == "int8"
+    kind = kv_cache_kind(cache)
     # an INT8 mma multiplies 32-deep: P @ V needs at least 32 keys per tile
-    block_n = max(settings["block_n"], INT8_MIN_BLOCK_N) if int8_dots else settings["block_n"]
+    block_n = max(settings["block_n"], INT8_MIN_BLOCK_N) if kind == "int8" else settings["block_n"]
     _decode_kernel[(num_kv_heads, num_seqs, num_splits)](
         q, k_cache, v_cache, k_scale, v_scale, out, part_acc, part_ml, block_tables, context_lens,
         context_lens if order is None else order,
         scale * 1.4426950408889634, q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_scale.stride(1) if cache.quantized else 0,
         QUANT=cache.quantized, ORDERED=order is not None,
-        DOT_FP16=kv_cache_kind(cache) == "fp8" and q.dtype == torch.bfloat16, INT8_DOTS=int8_dots,
+        DOT_FP16=kind == "fp8" and q.dtype == torch.bfloat16, INT8_DOTS=kind == "int8",
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=block_size,
         HEAD_DIM=head_dim, BLOCK_N=block_n, NUM_SPLITS=num_splits, DOT_PRECISION=dot_precision(q.dtype),
         num_warps=settings["num_warps"], num_stages=settings["num_stages"])

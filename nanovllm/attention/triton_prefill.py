@@ -22,11 +22,11 @@ from nanovllm.attention.torch_ref import dot_precision, kv_cache_kind, paged_att
 from nanovllm.attention.triton_tiles import (
     check_paged_inputs,
     int8_pv,
+    int8_query,
     int8_scores,
     key_scales,
     load_kv_tile,
     online_softmax,
-    round_rows_to_int8,
 )
 from nanovllm.quant.kv import LayerKVCache
 
@@ -54,8 +54,7 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, o
                     mask=row_ok[:, None], other=0.0)
         q_pos = context_len - q_len + offs_m
         if INT8_DOTS:  # INT8 cache: the dots run on the INT8 tensor cores (triton_tiles.int8_scores / int8_pv)
-            q8, q_scale = round_rows_to_int8(q.to(tl.float32))
-            q_scale = q_scale * qk_scale     # the softmax scale folded into the row scale
+            q8, q_scale = int8_query(q, qk_scale)     # the softmax scale folded into the row scales
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)

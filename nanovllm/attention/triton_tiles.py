@@ -74,6 +74,13 @@ def round_rows_to_int8(x):
 
 
 @triton.jit
+def int8_query(q, qk_scale):
+    """The query rounded per row to INT8 once per program: (q8, its row scales times the softmax scale)."""
+    q8, q_scale = round_rows_to_int8(q.to(tl.float32))
+    return q8, q_scale * qk_scale
+
+
+@triton.jit
 def int8_scores(q8, q_scale, k):
     """Scores [rows, BLOCK_N] of the INT8-rounded query (q8, q_scale: its row scales, the softmax scale folded
     in) against an INT8 K tile, before K's per-key scales."""

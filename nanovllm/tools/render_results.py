@@ -4,11 +4,21 @@ Figures are never typed by hand: each row is one JSON file written by bench.py (
 inside). The table replaces whatever stands between the two marker comments in README.md.
 """
 
+import torch
+
+from nanovllm.quant import kv as kv_quant
 from nanovllm.utils.results import load_records
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 KV_BYTES_BENCH = 13.85e12   # KV cache bytes the bench workload's decode reads (Qwen3-0.6B, bf16), see docs
-QUANTIZED_KV_BYTES = (128 + 4) / (2 * 128)   # int8/fp8 per bf16 byte: 1-byte values + a float32 scale per 128
+BENCH_KV_HEADS, BENCH_HEAD_DIM = 8, 128   # Qwen3-0.6B
+
+
+def bench_kv_bytes(kv_cache_dtype: str) -> float:
+    """KV_BYTES_BENCH for another cache dtype (its scales included)."""
+    per_token = kv_quant.bytes_per_token(kv_cache_dtype, torch.bfloat16, BENCH_KV_HEADS, BENCH_HEAD_DIM)
+    return KV_BYTES_BENCH * per_token / kv_quant.bytes_per_token("auto", torch.bfloat16, BENCH_KV_HEADS,
+                                                                 BENCH_HEAD_DIM)
 
 
 def bench_rows(root: str) -> list[str]:
@@ -75,7 +85,7 @@ def profile_rows(root: str) -> list[str]:
                 f"(idle {100 * r['idle_fraction']:.1f}%), decode attention {decode_ms:.2f} ms")
         if r.get("bench_workload") and decode_ms:
             kv_dtype = r.get("kv_cache_dtype", "auto")
-            kv_bytes = KV_BYTES_BENCH * (1 if kv_dtype == "auto" else QUANTIZED_KV_BYTES)
+            kv_bytes = bench_kv_bytes(kv_dtype)
             line += f", i.e. {kv_bytes / (decode_ms * 1e-3 * r['steps']) / 1e12:.2f} TB/s of {kv_dtype} KV reads"
         rows.append(line + ".")
     return rows
