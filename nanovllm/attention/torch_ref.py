@@ -27,14 +27,15 @@ def store_kv_ref(k: torch.Tensor, v: torch.Tensor, cache: LayerKVCache, slot_map
     keep = slot_mapping >= 0
     slots = slot_mapping[keep]
     kind = kv_cache_kind(cache)
-    for x, values, scales in ((k, cache.k, cache.k_scale), (v, cache.v, cache.v_scale)):
-        flat = values.view(-1, *values.shape[2:])
+    block_size = cache.k.shape[1]
+    blocks, rows = slots // block_size, slots % block_size
+    for x, values, scales in ((k, cache.k, cache.k_scale), (v, cache.v_slots, cache.v_scale)):
         if kind == "auto":
-            flat[slots] = x[keep].to(values.dtype)
+            values[blocks, rows] = x[keep].to(values.dtype)
         else:
             q, s = quantize_ref(x[keep], kind)
-            flat[slots] = q
-            scales.view(-1, scales.shape[-1])[slots] = s
+            values[blocks, rows] = q
+            scales[blocks, rows] = s
 
 
 def gather_kv(values: torch.Tensor, scales: torch.Tensor | None, block_table: torch.Tensor,
@@ -106,7 +107,7 @@ def paged_attention_ref(q: torch.Tensor, cache: LayerKVCache, meta: AttentionMet
     int8 = kv_cache_kind(cache) == "int8"
     for i, context_len in enumerate(meta.context_lens_cpu):
         k = gather_kv(cache.k, cache.k_scale, meta.block_tables[i], context_len)
-        v = gather_kv(cache.v, cache.v_scale, meta.block_tables[i], context_len)
+        v = gather_kv(cache.v_slots, cache.v_scale, meta.block_tables[i], context_len)
         v_scale = gather_kv(cache.v_scale, None, meta.block_tables[i], context_len) if int8 else None
         out[cu[i]:cu[i + 1]] = attention_ref(q[cu[i]:cu[i + 1]], k, v, scale, v_scale)
     return out

@@ -63,7 +63,8 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, o
             offs_n = start_n + tl.arange(0, BLOCK_N)
             key_ok = offs_n < context_len
             k, v, slots = load_kv_tile(k_cache_ptr, v_cache_ptr, block_tables_ptr, seq, kv_head, start_n, key_ok,
-                                       stride_bt, stride_cb, stride_cs, stride_ch, BLOCK_SIZE, HEAD_DIM, BLOCK_N)
+                                       stride_bt, stride_cb, stride_cs, stride_ch, BLOCK_SIZE, HEAD_DIM, BLOCK_N,
+                                       QUANT)
             if INT8_DOTS:
                 s = int8_scores(q8, q_scale, k)                                           # [BLOCK_M, BLOCK_N]
             else:

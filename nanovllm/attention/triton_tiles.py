@@ -24,29 +24,44 @@ def check_paged_inputs(q: torch.Tensor, cache: LayerKVCache, block_tables: torch
     _, block_size, num_kv_heads, _ = cache.k.shape
     assert head_dim == triton.next_power_of_2(head_dim) and head_dim >= 16, "head_dim must be a power of 2"
     assert num_heads % num_kv_heads == 0 and q.stride(-1) == 1 and cache.k.stride(-1) == 1
-    assert cache.k.stride() == cache.v.stride() and block_tables.dtype == torch.int32
+    assert cache.k.is_contiguous() and cache.v.is_contiguous() and cache.v_slots.shape == cache.k.shape
+    assert block_tables.dtype == torch.int32
     return block_size, num_kv_heads
 
 
 @triton.jit
 def load_kv_tile(k_cache_ptr, v_cache_ptr, block_tables_ptr, seq, kv_head, start_n, key_ok, stride_bt, stride_cb,
-                 stride_cs, stride_ch, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr):
+                 stride_cs, stride_ch, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+                 V_TRANSPOSED: tl.constexpr):
     """(K [BLOCK_N, HEAD_DIM], V [BLOCK_N, HEAD_DIM], slots [BLOCK_N]) in the cache's dtype, of the keys
-    start_n .. start_n + BLOCK_N - 1 (start_n a multiple of BLOCK_N)."""
+    start_n .. start_n + BLOCK_N - 1 (start_n a multiple of BLOCK_N). V_TRANSPOSED: V is stored
+    [num_blocks, num_kv_heads, HEAD_DIM, BLOCK_SIZE] (a quantized cache, see quant/kv.py); it is loaded with
+    the keys contiguous and returned as a transposed view, the layout an 8-bit tensor-core dot P @ V wants."""
     offs_d = tl.arange(0, HEAD_DIM)
     if BLOCK_SIZE % BLOCK_N == 0:
         # The tile lies inside one cache block: one block-table entry, and the addresses are one scalar base
         # plus constant offsets (a block-table lookup and 64-bit address math per key cost the 8-bit
         # kernels ~12% of their instructions)
         block = tl.load(block_tables_ptr + seq * stride_bt + start_n // BLOCK_SIZE).to(tl.int64)
-        rows = start_n % BLOCK_SIZE + tl.arange(0, BLOCK_N)
+        rows = tl.multiple_of(start_n % BLOCK_SIZE, BLOCK_N) + tl.arange(0, BLOCK_N)
     else:
         offs_n = start_n + tl.arange(0, BLOCK_N)
         block = tl.load(block_tables_ptr + seq * stride_bt + offs_n // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
         rows = offs_n % BLOCK_SIZE
     kv_off = block * stride_cb + rows * stride_cs + kv_head * stride_ch
     k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=key_ok[:, None], other=0.0)
-    v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=key_ok[:, None], other=0.0)
+    if V_TRANSPOSED:
+        v_off = block * stride_cb + kv_head * (HEAD_DIM * BLOCK_SIZE) + rows    # [BLOCK_N]
+        v_ptrs = v_cache_ptr + offs_d[:, None] * BLOCK_SIZE + v_off[None, :]      # [HEAD_DIM, BLOCK_N]
+        if BLOCK_SIZE % BLOCK_N == 0:
+            # Unmasked, so that the loads stay 16 bytes wide: keys past the end are still inside this
+            # sequence's block, hold finite values (quant/kv.py), and get probability 0
+            vt = tl.load(v_ptrs)
+        else:
+            vt = tl.load(v_ptrs, mask=key_ok[None, :], other=0.0)
+        v = tl.trans(vt)
+    else:
+        v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=key_ok[:, None], other=0.0)
     return k, v, block * BLOCK_SIZE + rows
 
 

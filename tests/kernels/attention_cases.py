@@ -4,7 +4,7 @@ import random
 import torch
 
 from nanovllm.attention.metadata import AttentionMetadata
-from nanovllm.quant.kv import LayerKVCache, quantize_ref
+from nanovllm.quant.kv import LayerKVCache, quantize_ref, quantized_cache
 
 
 def make_cache(shape, dtype, device, kv_cache_dtype="auto") -> LayerKVCache:
@@ -13,7 +13,7 @@ def make_cache(shape, dtype, device, kv_cache_dtype="auto") -> LayerKVCache:
     if kv_cache_dtype == "auto":
         return LayerKVCache(k, v)
     (kq, ks), (vq, vs) = quantize_ref(k, kv_cache_dtype), quantize_ref(v, kv_cache_dtype)
-    return LayerKVCache(kq, vq, ks, vs)
+    return quantized_cache(kq, vq, ks, vs)
 
 
 def make_case(query_lens, context_lens, num_heads, num_kv_heads, head_dim, block_size, dtype, device, seed=0,

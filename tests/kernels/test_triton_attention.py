@@ -5,7 +5,7 @@ from kernels.attention_cases import make_case, slots_for
 
 from nanovllm.attention.metadata import decode_order
 from nanovllm.attention.torch_ref import paged_attention_ref, store_kv_ref
-from nanovllm.quant.kv import LayerKVCache, dequantize_ref, quantize_ref
+from nanovllm.quant.kv import LayerKVCache, allocate, dequantize_ref, quantize_ref
 
 triton = pytest.importorskip("triton")
 from nanovllm.attention.triton_decode import decode_attention, num_decode_splits  # noqa: E402
@@ -52,12 +52,12 @@ def test_store_kv_matches_reference(dtype, heads, kv_cache_dtype):
     torch.testing.assert_close(cache.k_scale, ref.k_scale, rtol=1e-6, atol=0)
     torch.testing.assert_close(cache.v_scale, ref.v_scale, rtol=1e-6, atol=0)
     # values may differ where x / scale sits on a rounding boundary (float division differs by an ulp)
-    for got, want, x, scales in ((cache.k, ref.k, k, cache.k_scale), (cache.v, ref.v, v, cache.v_scale)):
+    for got, want, x, scales in ((cache.k, ref.k, k, cache.k_scale), (cache.v_slots, ref.v_slots, v, cache.v_scale)):
         assert (got.float() != want.float()).float().mean() < 0.01
         if kv_cache_dtype == "int8":
             assert (got.float() - want.float()).abs().max() <= 1
         flat_scales = scales.view(-1, scales.shape[-1])[slots[slots >= 0]]
-        stored = dequantize_ref(got.view(-1, *got.shape[2:])[slots[slots >= 0]], flat_scales)
+        stored = dequantize_ref(got.flatten(0, 1)[slots[slots >= 0]], flat_scales)
         bound = 0.01 if kv_cache_dtype == "int8" else 0.08      # e4m3 keeps 3 mantissa bits
         assert ((stored - x[slots >= 0].float()).norm() / x.float().norm()) < bound
 
@@ -73,6 +73,25 @@ def test_quantize_round_trip_error_bound(kv_cache_dtype):
     else:
         assert (err <= x.abs() * 2 ** -4 + amax / 448 * 2 ** -9 + 1e-6).all()   # e4m3: 3 mantissa bits
     assert ((dequantize_ref(q, scale) - x).norm() / x.norm()) < (0.01 if kv_cache_dtype == "int8" else 0.05)
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["int8", "fp8"])
+def test_quantized_cache_stores_v_transposed_and_never_nan(kv_cache_dtype):
+    """A quantized V is [blocks, kv_heads, head_dim, block_size] and starts zeroed; the store puts a token's
+    values block_size apart, and NaN input as 0 (the kernels read V past a sequence's end unmasked; the CPU
+    interpreter's fp8 conversion never makes NaN, the GPU's does)."""
+    (cache,) = allocate(1, (3, 16, 2, 32), kv_cache_dtype, torch.float16, DEVICE)
+    assert cache.v.shape == (3, 2, 32, 16) and cache.v.is_contiguous() and not cache.v.float().any()
+    k, v = torch.randn(2, 2, 2, 32, dtype=torch.float16, device=DEVICE)
+    v[1, 0, 5] = float("nan")
+    store_kv(k, v, cache, torch.tensor([17, 40], device=DEVICE))          # block 1 row 1, block 2 row 8
+    assert not cache.v.float().isnan().any() and not cache.k.float().isnan().any()
+    stored = dequantize_ref(cache.v[1, :, :, 1], cache.v_scale[1, 1])     # token 0's [kv_heads, head_dim]
+    assert rel_err(stored, v[0]) < 0.05
+    assert torch.equal(cache.v_slots[2, 8].float(), cache.v[2, :, :, 8].float())
+    written = torch.zeros(3, 16, dtype=torch.bool, device=DEVICE)
+    written[1, 1] = written[2, 8] = True
+    assert cache.v_slots.float()[~written].abs().sum() == 0             # nothing else written
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -170,7 +189,7 @@ def test_int8_dots_round_the_query_and_probabilities_as_the_reference_does():
     decode = decode_attention(q, cache, meta.block_tables, meta.context_lens, 0.1, 1, settings)
     prefill = prefill_attention(q, cache, meta.block_tables, meta.context_lens, meta.cu_seqlens_q, 1, 0.1)
     plain = torch.cat([attention_ref(q[i:i + 1], gather_kv(cache.k, cache.k_scale, meta.block_tables[i], n),
-                                     gather_kv(cache.v, cache.v_scale, meta.block_tables[i], n), 0.1)
+                                     gather_kv(cache.v_slots, cache.v_scale, meta.block_tables[i], n), 0.1)
                        for i, n in enumerate(meta.context_lens_cpu)])
     ref = paged_attention_ref(q, cache, meta, 0.1)
     assert rel_err(decode, ref) < 1e-5 < rel_err(decode, plain) / 10      # measured: 5e-8 and 1.2e-3

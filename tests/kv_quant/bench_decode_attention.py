@@ -30,7 +30,7 @@ from nanovllm.attention.triton_decode import (
     num_decode_splits,
     tuned_settings_path,
 )
-from nanovllm.quant.kv import LayerKVCache, quantize_ref
+from nanovllm.quant.kv import LayerKVCache, quantize_ref, quantized_cache
 from nanovllm.utils.results import save_record
 from nanovllm.utils.tuned import read_tuned
 
@@ -68,7 +68,7 @@ def main():
             cache = LayerKVCache(k, v)
         else:
             (kq, ks), (vq, vs) = quantize_ref(k, kind), quantize_ref(v, kind)
-            cache = LayerKVCache(kq, vq, ks, vs)
+            cache = quantized_cache(kq, vq, ks, vs)
         if args.sweep:
             rows = sweep(q, cache, kind, tables, context_lens, splits, order)
             best[kind] = {key: rows[0][key] for key in DEFAULT_SETTINGS}
