@@ -80,6 +80,7 @@ def test_quantized_cache_stores_v_transposed_and_never_nan(kv_cache_dtype):
     """A quantized V is [blocks, kv_heads, head_dim, block_size] and starts zeroed; the store puts a token's
     values block_size apart, and NaN input as 0 (the kernels read V past a sequence's end unmasked; the CPU
     interpreter's fp8 conversion never makes NaN, the GPU's does)."""
+    torch.manual_seed(0)
     (cache,) = allocate(1, (3, 16, 2, 32), kv_cache_dtype, torch.float16, DEVICE)
     assert cache.v.shape == (3, 2, 32, 16) and cache.v.is_contiguous() and not cache.v.float().any()
     k, v = torch.randn(2, 2, 2, 32, dtype=torch.float16, device=DEVICE)
@@ -87,7 +88,7 @@ def test_quantized_cache_stores_v_transposed_and_never_nan(kv_cache_dtype):
     store_kv(k, v, cache, torch.tensor([17, 40], device=DEVICE))          # block 1 row 1, block 2 row 8
     assert not cache.v.float().isnan().any() and not cache.k.float().isnan().any()
     stored = dequantize_ref(cache.v[1, :, :, 1], cache.v_scale[1, 1])     # token 0's [kv_heads, head_dim]
-    assert rel_err(stored, v[0]) < 0.05
+    assert rel_err(stored, v[0]) < (0.01 if kv_cache_dtype == "int8" else 0.08)   # e4m3: 3 mantissa bits
     assert torch.equal(cache.v_slots[2, 8].float(), cache.v[2, :, :, 8].float())
     written = torch.zeros(3, 16, dtype=torch.bool, device=DEVICE)
     written[1, 1] = written[2, 8] = True
