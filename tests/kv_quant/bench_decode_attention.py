@@ -113,11 +113,14 @@ def sweep(q, cache, kind, tables, context_lens, splits, order) -> list[dict]:
     fastest first."""
     ref = decode_attention(q, cache, tables, context_lens, 0.1, splits, DEFAULT_SETTINGS)
     nbytes = context_bytes(cache, int(context_lens.sum()))
+    # INT8 rounds the probabilities per row of each key tile, so a tile of another length rounds them
+    # differently (H200: up to 0.012 apart between 64 and 128 keys, each within the reference's error)
+    atol = 4e-2 if kind == "int8" else 2e-2
     rows = []
     for block_n, num_warps, num_stages in itertools.product((32, 64, 128), (2, 4, 8), (2, 3)):
         settings = {"block_n": block_n, "num_warps": num_warps, "num_stages": num_stages}
         out = decode_attention(q, cache, tables, context_lens, 0.1, splits, settings, order)
-        if not torch.allclose(out.float(), ref.float(), atol=2e-2, rtol=2e-2):
+        if not torch.allclose(out.float(), ref.float(), atol=atol, rtol=2e-2):
             print(json.dumps({"dropped": settings, "kv_cache_dtype": kind}))
             continue
         ms = do_bench(lambda: decode_attention(q, cache, tables, context_lens, 0.1, splits, settings, order),

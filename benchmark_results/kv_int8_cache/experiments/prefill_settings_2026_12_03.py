@@ -1,0 +1,60 @@
+"""Prefill attention per KV dtype and launch setting, on one bench-like prefill step: 29 prompts of 100..1,024
+tokens (17,547 tokens), Qwen3-0.6B's heads. H200 run: 2026-12-03 17:45, prefill-settings-2026-12-03.json.
+
+    PYTHONPATH=. python benchmark_results/kv_int8_cache/experiments/prefill_settings_2026_12_03.py OUT.json
+
+`diff` is the largest difference from the output at the former setting (64 queries, 32 keys, 4 warps,
+2 stages); INT8 rounds P per row of each key tile, so its tile length changes the rounding.
+"""
+import itertools
+import json
+import sys
+
+import torch
+import triton
+from triton.testing import do_bench
+
+sys.path.insert(0, "tests/kernels")
+from attention_cases import make_case  # noqa: E402
+
+from nanovllm.attention import triton_prefill  # noqa: E402
+from nanovllm.attention.torch_ref import dot_precision, kv_cache_kind  # noqa: E402
+
+SETTINGS = list(itertools.product((64, 128), (32, 64), (4, 8), (2,))) + [(64, 128, 4, 2), (64, 128, 8, 2)]
+
+
+def launch(q, cache, meta, block_m, block_n, num_warps, num_stages):
+    """triton_prefill.prefill_attention's launch with the settings given."""
+    out = torch.empty_like(q)
+    num_heads, head_dim = q.shape[1:]
+    block_size, num_kv_heads = triton_prefill.check_paged_inputs(q, cache, meta.block_tables)
+    k_scale, v_scale = (cache.k_scale, cache.v_scale) if cache.quantized else (cache.k, cache.v)
+    grid = (triton.cdiv(meta.max_seqlen_q, block_m), meta.context_lens.shape[0], num_heads)
+    triton_prefill._prefill_kernel[grid](
+        q, cache.k, cache.v, k_scale, v_scale, out, meta.block_tables, meta.context_lens, meta.cu_seqlens_q,
+        0.1 * 1.4426950408889634, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        meta.block_tables.stride(0), cache.k.stride(0), cache.k.stride(1), cache.k.stride(2),
+        k_scale.stride(1) if cache.quantized else 0, QUANT=cache.quantized, INT8_DOTS=kv_cache_kind(cache) == "int8",
+        GROUP=num_heads // num_kv_heads, BLOCK_SIZE=block_size, HEAD_DIM=head_dim, BLOCK_M=block_m,
+        BLOCK_N=block_n, DOT_PRECISION=dot_precision(q.dtype), num_warps=num_warps, num_stages=num_stages)
+    return out
+
+
+def main():
+    lens = torch.randint(100, 1025, (29,), generator=torch.Generator().manual_seed(0)).tolist()
+    rows = []
+    for kind in ("auto", "int8", "fp8"):
+        q, cache, meta = make_case(lens, lens, 16, 8, 128, 256, torch.bfloat16, "cuda", kv_cache_dtype=kind)
+        former = launch(q, cache, meta, 64, 32, 4, 2)
+        for setting in SETTINGS:
+            out = launch(q, cache, meta, *setting)
+            ms = do_bench(lambda: launch(q, cache, meta, *setting), warmup=5, rep=30, return_mode="median")
+            rows.append(dict(kind=kind, block_m=setting[0], block_n=setting[1], warps=setting[2], stages=setting[3],
+                             ms=round(ms, 4), diff=round((out.float() - former.float()).abs().max().item(), 4)))
+            print(json.dumps(rows[-1]), flush=True)
+    with open(sys.argv[1], "w") as f:
+        json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
