@@ -85,21 +85,28 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, o
                  out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
+def prefill_settings(cache: LayerKVCache, head_dim: int, max_seqlen_q: int) -> dict:
+    """Launch settings: 64-query tiles (16 for short chunks); 32-key tiles at head_dim 128 (64 below), and
+    128 for a quantized cache, whose longer tiles spread its per-tile work (scale loads; INT8 rounds P per
+    tile row) over more keys: H200, one 17.5k-token prefill step, int8 0.47 -> 0.35 ms, fp8 0.52 -> 0.40
+    (bf16 0.24 ms at 32 keys, its best)."""
+    block_n = 64 if head_dim <= 64 else 32
+    if cache.quantized and head_dim >= 128:
+        block_n = 128
+    return {"block_m": 64 if max_seqlen_q > 32 else 16, "block_n": block_n, "num_warps": 4, "num_stages": 2}
+
+
 def prefill_attention(q: torch.Tensor, cache: LayerKVCache, block_tables: torch.Tensor, context_lens: torch.Tensor,
-                      cu_seqlens_q: torch.Tensor, max_seqlen_q: int, scale: float) -> torch.Tensor:
-    """q [num_tokens, num_heads, head_dim] -> out of the same shape."""
+                      cu_seqlens_q: torch.Tensor, max_seqlen_q: int, scale: float,
+                      settings: dict | None = None) -> torch.Tensor:
+    """q [num_tokens, num_heads, head_dim] -> out of the same shape. `settings`: launch settings
+    ({"block_m", "block_n", "num_warps", "num_stages"}), by default `prefill_settings`."""
     k_cache, v_cache = cache.k, cache.v
     num_tokens, num_heads, head_dim = q.shape
     block_size, num_kv_heads = check_paged_inputs(q, cache, block_tables)
+    settings = settings or prefill_settings(cache, head_dim, max_seqlen_q)
     out = torch.empty_like(q)
-    block_m = 64 if max_seqlen_q > 32 else 16
-    block_n = 64 if head_dim <= 64 else 32
-    if cache.quantized and head_dim >= 128:
-        # longer tiles spread the per-tile work of a quantized cache (scale loads; INT8 rounds P per tile
-        # row) over more keys: H200, one 17.5k-token prefill step, int8 0.47 -> 0.35 ms, fp8 0.52 -> 0.40
-        # (bf16 0.24 ms at 32 keys, its best)
-        block_n = 128
-    grid = (triton.cdiv(max_seqlen_q, block_m), context_lens.shape[0], num_heads)
+    grid = (triton.cdiv(max_seqlen_q, settings["block_m"]), context_lens.shape[0], num_heads)
     k_scale, v_scale = (cache.k_scale, cache.v_scale) if cache.quantized else (k_cache, v_cache)
     _prefill_kernel[grid](q, k_cache, v_cache, k_scale, v_scale, out, block_tables, context_lens, cu_seqlens_q,
                           scale * 1.4426950408889634, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
@@ -107,6 +114,7 @@ def prefill_attention(q: torch.Tensor, cache: LayerKVCache, block_tables: torch.
                           k_scale.stride(1) if cache.quantized else 0, QUANT=cache.quantized,
                           INT8_DOTS=kv_cache_kind(cache) == "int8",
                           GROUP=num_heads // num_kv_heads, BLOCK_SIZE=block_size, HEAD_DIM=head_dim,
-                          BLOCK_M=block_m, BLOCK_N=block_n, DOT_PRECISION=dot_precision(q.dtype),
-                          num_warps=4, num_stages=2)
+                          BLOCK_M=settings["block_m"], BLOCK_N=settings["block_n"],
+                          DOT_PRECISION=dot_precision(q.dtype),
+                          num_warps=settings["num_warps"], num_stages=settings["num_stages"])
     return out

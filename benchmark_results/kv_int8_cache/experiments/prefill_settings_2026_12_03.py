@@ -11,33 +11,20 @@ import json
 import sys
 
 import torch
-import triton
 from triton.testing import do_bench
 
 sys.path.insert(0, "tests/kernels")
 from attention_cases import make_case  # noqa: E402
 
-from nanovllm.attention import triton_prefill  # noqa: E402
-from nanovllm.attention.torch_ref import dot_precision, kv_cache_kind  # noqa: E402
+from nanovllm.attention.triton_prefill import prefill_attention  # noqa: E402
 
 SETTINGS = list(itertools.product((64, 128), (32, 64), (4, 8), (2,))) + [(64, 128, 4, 2), (64, 128, 8, 2)]
 
 
 def launch(q, cache, meta, block_m, block_n, num_warps, num_stages):
-    """triton_prefill.prefill_attention's launch with the settings given."""
-    out = torch.empty_like(q)
-    num_heads, head_dim = q.shape[1:]
-    block_size, num_kv_heads = triton_prefill.check_paged_inputs(q, cache, meta.block_tables)
-    k_scale, v_scale = (cache.k_scale, cache.v_scale) if cache.quantized else (cache.k, cache.v)
-    grid = (triton.cdiv(meta.max_seqlen_q, block_m), meta.context_lens.shape[0], num_heads)
-    triton_prefill._prefill_kernel[grid](
-        q, cache.k, cache.v, k_scale, v_scale, out, meta.block_tables, meta.context_lens, meta.cu_seqlens_q,
-        0.1 * 1.4426950408889634, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        meta.block_tables.stride(0), cache.k.stride(0), cache.k.stride(1), cache.k.stride(2),
-        k_scale.stride(1) if cache.quantized else 0, QUANT=cache.quantized, INT8_DOTS=kv_cache_kind(cache) == "int8",
-        GROUP=num_heads // num_kv_heads, BLOCK_SIZE=block_size, HEAD_DIM=head_dim, BLOCK_M=block_m,
-        BLOCK_N=block_n, DOT_PRECISION=dot_precision(q.dtype), num_warps=num_warps, num_stages=num_stages)
-    return out
+    settings = {"block_m": block_m, "block_n": block_n, "num_warps": num_warps, "num_stages": num_stages}
+    return prefill_attention(q, cache, meta.block_tables, meta.context_lens, meta.cu_seqlens_q, meta.max_seqlen_q,
+                             0.1, settings)
 
 
 def main():
