@@ -1,10 +1,13 @@
 """Plain-PyTorch paged attention: the CPU path and the reference every kernel is checked against.
 
 Cache layout (per layer, see quant/kv.py): values [num_blocks, block_size, num_kv_heads, head_dim] for K
-and for V, and for INT8/FP8 caches a float32 scale per token and head, [num_blocks, block_size,
-num_kv_heads]. Token t of a sequence lives in block block_table[t // block_size] at offset
-t % block_size, so its flat slot is block_table[t // block_size] * block_size + t % block_size.
+and for V (a quantized V is stored in groups of keys; `LayerKVCache.v_groups` views it per slot), and for
+INT8/FP8 caches a float32 scale per token and head, viewed [num_blocks, block_size, num_kv_heads]. Token t of a
+sequence lives in block block_table[t // block_size] at offset t % block_size, so its flat slot is
+block_table[t // block_size] * block_size + t % block_size.
 """
+import math
+
 import torch
 
 from nanovllm.attention.metadata import AttentionMetadata
@@ -29,25 +32,35 @@ def store_kv_ref(k: torch.Tensor, v: torch.Tensor, cache: LayerKVCache, slot_map
     kind = kv_cache_kind(cache)
     block_size = cache.k.shape[1]
     blocks, rows = slots // block_size, slots % block_size
-    for x, values, scales in ((k, cache.k, cache.k_scale), (v, cache.v_slots, cache.v_scale)):
+    # both as [num_blocks, groups, G, num_kv_heads, head_dim] views, so one index writes either
+    group = cache.v_groups.shape[2]
+    k_groups = cache.k.unflatten(1, (-1, group))
+    for x, values, scales in ((k, k_groups, cache.k_scale), (v, cache.v_groups, cache.v_scale)):
+        index = (blocks, rows // group, rows % group)
         if kind == "auto":
-            values[blocks, rows] = x[keep].to(values.dtype)
+            values[index] = x[keep].to(values.dtype)
         else:
             q, s = quantize_ref(x[keep], kind)
-            values[blocks, rows] = q
+            values[index] = q
             scales[blocks, rows] = s
 
 
 def gather_kv(values: torch.Tensor, scales: torch.Tensor | None, block_table: torch.Tensor,
               context_len: int) -> torch.Tensor:
     """The first context_len tokens of one sequence, [context_len, num_kv_heads, head_dim], dequantized
-    to float32 when the cache is quantized."""
-    block_size = values.shape[1]
+    to float32 when the cache is quantized. values: [num_blocks, block_size, num_kv_heads, head_dim] or a
+    grouped view [num_blocks, groups, G, num_kv_heads, head_dim] (`LayerKVCache.v_groups`)."""
+    block_size = math.prod(values.shape[1:-2])
     blocks = block_table[:(context_len + block_size - 1) // block_size].long()
-    x = values[blocks].flatten(0, 1)[:context_len]
+    x = values[blocks].reshape(-1, *values.shape[-2:])[:context_len]
     if scales is None:
         return x
-    return dequantize_ref(x, scales[blocks].flatten(0, 1)[:context_len])
+    return dequantize_ref(x, gather_scales(scales, blocks, context_len))
+
+
+def gather_scales(scales: torch.Tensor, blocks: torch.Tensor, context_len: int) -> torch.Tensor:
+    """[context_len, num_kv_heads] of scales [num_blocks, block_size, num_kv_heads] over the blocks given."""
+    return scales[blocks].flatten(0, 1)[:context_len]
 
 
 INT8_TILE = 64   # keys per tile over which P is rounded for INT8 dots (the kernels' BLOCK_N; theirs may differ)
@@ -105,10 +118,12 @@ def paged_attention_ref(q: torch.Tensor, cache: LayerKVCache, meta: AttentionMet
     out = torch.empty_like(q)
     cu = meta.cu_seqlens_q_cpu
     int8 = kv_cache_kind(cache) == "int8"
+    block_size = cache.k.shape[1]
     for i, context_len in enumerate(meta.context_lens_cpu):
         k = gather_kv(cache.k, cache.k_scale, meta.block_tables[i], context_len)
-        v = gather_kv(cache.v_slots, cache.v_scale, meta.block_tables[i], context_len)
-        v_scale = gather_kv(cache.v_scale, None, meta.block_tables[i], context_len) if int8 else None
+        v = gather_kv(cache.v_groups, cache.v_scale, meta.block_tables[i], context_len)
+        blocks = meta.block_tables[i, :(context_len + block_size - 1) // block_size].long()
+        v_scale = gather_scales(cache.v_scale, blocks, context_len) if int8 else None
         out[cu[i]:cu[i + 1]] = attention_ref(q[cu[i]:cu[i + 1]], k, v, scale, v_scale)
     return out
 

@@ -71,10 +71,11 @@ __all__ = ["decode_attention", "paged_attention_ref"]
 @triton.jit
 def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
                    block_tables_ptr, context_lens_ptr, order_ptr, qk_scale,
-                   stride_qt, stride_qh, stride_ot, stride_oh, stride_bt, stride_cb, stride_cs, stride_ch, stride_ss,
+                   stride_qt, stride_qh, stride_ot, stride_oh, stride_bt, stride_cb, stride_cs, stride_ch, stride_sb,
                    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                   QUANT: tl.constexpr, DOT_FP16: tl.constexpr, INT8_DOTS: tl.constexpr, ORDERED: tl.constexpr):
+                   QUANT: tl.constexpr, V_GROUP: tl.constexpr, DOT_FP16: tl.constexpr, INT8_DOTS: tl.constexpr,
+                   ORDERED: tl.constexpr):
     kv_head, seq, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if ORDERED:
         seq = tl.load(order_ptr + seq)
@@ -98,18 +99,18 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, ou
     for start_n in range(start, end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         key_ok = offs_n < end
-        k, v, slots = load_kv_tile(k_cache_ptr, v_cache_ptr, block_tables_ptr, seq, kv_head, start_n, key_ok,
-                                   stride_bt, stride_cb, stride_cs, stride_ch, BLOCK_SIZE, HEAD_DIM, BLOCK_N,
-                                   QUANT)
+        k, v, block, rows = load_kv_tile(k_cache_ptr, v_cache_ptr, block_tables_ptr, seq, kv_head, start_n,
+                                         key_ok, stride_bt, stride_cb, stride_cs, stride_ch, BLOCK_SIZE, HEAD_DIM,
+                                         BLOCK_N, V_GROUP)
         if INT8_DOTS:
             s = int8_scores(q8, q_scale, k)
         else:
             s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * qk_scale
         if QUANT:   # K's per-key scales multiply the score columns
-            s = s * key_scales(k_scale_ptr, slots, kv_head, key_ok, stride_ss)
+            s = s * key_scales(k_scale_ptr, block, rows, kv_head, key_ok, stride_sb, BLOCK_SIZE)
         p, alpha, m_i, l_i = online_softmax(tl.where(key_ok[None, :], s, float("-inf")), m_i, l_i)
         if QUANT:   # V's per-key scales multiply the probability columns (after l is updated)
-            p = p * key_scales(v_scale_ptr, slots, kv_head, key_ok, stride_ss)
+            p = p * key_scales(v_scale_ptr, block, rows, kv_head, key_ok, stride_sb, BLOCK_SIZE)
         if INT8_DOTS:
             pv = int8_pv(p, v)
         else:
@@ -174,8 +175,8 @@ def decode_attention(q: torch.Tensor, cache: LayerKVCache, block_tables: torch.T
         q, k_cache, v_cache, k_scale, v_scale, out, part_acc, part_ml, block_tables, context_lens,
         context_lens if order is None else order,
         scale * 1.4426950408889634, q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_scale.stride(1) if cache.quantized else 0,
-        QUANT=cache.quantized, ORDERED=order is not None,
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_scale.stride(0) if cache.quantized else 0,
+        QUANT=cache.quantized, V_GROUP=cache.v_group, ORDERED=order is not None,
         DOT_FP16=kind == "fp8" and q.dtype == torch.bfloat16, INT8_DOTS=kind == "int8",
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=block_size,
         HEAD_DIM=head_dim, BLOCK_N=block_n, NUM_SPLITS=num_splits, DOT_PRECISION=dot_precision(q.dtype),

@@ -36,10 +36,10 @@ __all__ = ["prefill_attention", "paged_attention_ref"]
 @triton.jit
 def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, out_ptr, block_tables_ptr,
                     context_lens_ptr, cu_q_ptr, qk_scale, stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
-                    stride_cb, stride_cs, stride_ch, stride_ss,
+                    stride_cb, stride_cs, stride_ch, stride_sb,
                     GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                    QUANT: tl.constexpr, INT8_DOTS: tl.constexpr):
+                    QUANT: tl.constexpr, V_GROUP: tl.constexpr, INT8_DOTS: tl.constexpr):
     tile, seq, head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     q_start = tl.load(cu_q_ptr + seq)
     q_len = tl.load(cu_q_ptr + seq + 1) - q_start
@@ -62,19 +62,19 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, o
         for start_n in range(0, end, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
             key_ok = offs_n < context_len
-            k, v, slots = load_kv_tile(k_cache_ptr, v_cache_ptr, block_tables_ptr, seq, kv_head, start_n, key_ok,
-                                       stride_bt, stride_cb, stride_cs, stride_ch, BLOCK_SIZE, HEAD_DIM, BLOCK_N,
-                                       QUANT)
+            k, v, block, rows = load_kv_tile(k_cache_ptr, v_cache_ptr, block_tables_ptr, seq, kv_head, start_n,
+                                             key_ok, stride_bt, stride_cb, stride_cs, stride_ch, BLOCK_SIZE,
+                                             HEAD_DIM, BLOCK_N, V_GROUP)
             if INT8_DOTS:
                 s = int8_scores(q8, q_scale, k)                                           # [BLOCK_M, BLOCK_N]
             else:
                 s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * qk_scale
             if QUANT:   # K's per-key scales multiply the score columns
-                s = s * key_scales(k_scale_ptr, slots, kv_head, key_ok, stride_ss)
+                s = s * key_scales(k_scale_ptr, block, rows, kv_head, key_ok, stride_sb, BLOCK_SIZE)
             visible = (offs_n[None, :] <= q_pos[:, None]) & key_ok[None, :]
             p, alpha, m_i, l_i = online_softmax(tl.where(visible, s, float("-inf")), m_i, l_i)
             if QUANT:   # V's per-key scales multiply the probability columns (after l is updated)
-                p = p * key_scales(v_scale_ptr, slots, kv_head, key_ok, stride_ss)
+                p = p * key_scales(v_scale_ptr, block, rows, kv_head, key_ok, stride_sb, BLOCK_SIZE)
             if INT8_DOTS:
                 pv = int8_pv(p, v)
             else:
@@ -111,8 +111,8 @@ def prefill_attention(q: torch.Tensor, cache: LayerKVCache, block_tables: torch.
     _prefill_kernel[grid](q, k_cache, v_cache, k_scale, v_scale, out, block_tables, context_lens, cu_seqlens_q,
                           scale * 1.4426950408889634, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
                           block_tables.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-                          k_scale.stride(1) if cache.quantized else 0, QUANT=cache.quantized,
-                          INT8_DOTS=kv_cache_kind(cache) == "int8",
+                          k_scale.stride(0) if cache.quantized else 0, QUANT=cache.quantized,
+                          V_GROUP=cache.v_group, INT8_DOTS=kv_cache_kind(cache) == "int8",
                           GROUP=num_heads // num_kv_heads, BLOCK_SIZE=block_size, HEAD_DIM=head_dim,
                           BLOCK_M=settings["block_m"], BLOCK_N=settings["block_n"],
                           DOT_PRECISION=dot_precision(q.dtype),

@@ -2,7 +2,8 @@
 
 load_kv_tile: the K and V rows of one tile of keys of one sequence and KV head. Key n lives in block
 block_table[n // BLOCK_SIZE] at row n % BLOCK_SIZE, i.e. at slot block * BLOCK_SIZE + n % BLOCK_SIZE of the
-cache [num_blocks, block_size, num_kv_heads, head_dim]; INT8/FP8 scales are indexed by the same slot.
+cache [num_blocks, block_size, num_kv_heads, head_dim]; INT8/FP8 scales are head-major within each block
+([num_blocks, num_kv_heads, block_size], quant/kv.py), so one tile's scales are contiguous.
 online_softmax: one tile of FlashAttention's streaming softmax in base 2. With running max m and sum l,
     m' = max(m, max_j s_j),  p_j = 2^(s_j - m'),  alpha = 2^(m - m'),  l' = l * alpha + sum_j p_j
 and the caller rescales its accumulator by alpha before adding p @ V.
@@ -24,7 +25,7 @@ def check_paged_inputs(q: torch.Tensor, cache: LayerKVCache, block_tables: torch
     _, block_size, num_kv_heads, _ = cache.k.shape
     assert head_dim == triton.next_power_of_2(head_dim) and head_dim >= 16, "head_dim must be a power of 2"
     assert num_heads % num_kv_heads == 0 and q.stride(-1) == 1 and cache.k.stride(-1) == 1
-    assert cache.k.is_contiguous() and cache.v.is_contiguous() and cache.v_slots.shape == cache.k.shape
+    cache.check_storage()
     assert block_tables.dtype == torch.int32
     return block_size, num_kv_heads
 
@@ -32,11 +33,13 @@ def check_paged_inputs(q: torch.Tensor, cache: LayerKVCache, block_tables: torch
 @triton.jit
 def load_kv_tile(k_cache_ptr, v_cache_ptr, block_tables_ptr, seq, kv_head, start_n, key_ok, stride_bt, stride_cb,
                  stride_cs, stride_ch, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-                 V_TRANSPOSED: tl.constexpr):
-    """(K [BLOCK_N, HEAD_DIM], V [BLOCK_N, HEAD_DIM], slots [BLOCK_N]) in the cache's dtype, of the keys
-    start_n .. start_n + BLOCK_N - 1 (start_n a multiple of BLOCK_N). V_TRANSPOSED: V is stored
-    [num_blocks, num_kv_heads, HEAD_DIM, BLOCK_SIZE] (a quantized cache, see quant/kv.py); it is loaded with
-    the keys contiguous and returned as a transposed view, the layout an 8-bit tensor-core dot P @ V wants."""
+                 V_GROUP: tl.constexpr):
+    """(K [BLOCK_N, HEAD_DIM], V [BLOCK_N, HEAD_DIM], block, rows [BLOCK_N]) of the keys start_n .. start_n +
+    BLOCK_N - 1 (start_n a multiple of BLOCK_N), K and V in the cache's dtype; key n is at row rows[n] of cache
+    block `block` (a scalar when the tile lies in one block, else per key). V_GROUP > 0: V is stored
+    [num_blocks, num_kv_heads, BLOCK_SIZE // V_GROUP, HEAD_DIM, V_GROUP] (a quantized cache, quant/kv.py); it
+    is loaded with each group's keys contiguous and returned as a transposed view, the layout an 8-bit
+    tensor-core dot P @ V wants."""
     offs_d = tl.arange(0, HEAD_DIM)
     if BLOCK_SIZE % BLOCK_N == 0:
         # The tile lies inside one cache block: one block-table entry, and the addresses are one scalar base
@@ -50,9 +53,10 @@ def load_kv_tile(k_cache_ptr, v_cache_ptr, block_tables_ptr, seq, kv_head, start
         rows = offs_n % BLOCK_SIZE
     kv_off = block * stride_cb + rows * stride_cs + kv_head * stride_ch
     k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=key_ok[:, None], other=0.0)
-    if V_TRANSPOSED:
-        v_off = block * stride_cb + kv_head * (HEAD_DIM * BLOCK_SIZE) + rows    # [BLOCK_N]
-        v_ptrs = v_cache_ptr + offs_d[:, None] * BLOCK_SIZE + v_off[None, :]      # [HEAD_DIM, BLOCK_N]
+    if V_GROUP > 0:
+        v_off = block * stride_cb + kv_head * (HEAD_DIM * BLOCK_SIZE) \
+            + (rows // V_GROUP) * (HEAD_DIM * V_GROUP) + rows % V_GROUP        # [BLOCK_N]
+        v_ptrs = v_cache_ptr + offs_d[:, None] * V_GROUP + v_off[None, :]      # [HEAD_DIM, BLOCK_N]
         if BLOCK_SIZE % BLOCK_N == 0:
             # Unmasked, so that the loads stay 16 bytes wide: keys past the end are still inside this
             # sequence's block, hold finite values (quant/kv.py), and get probability 0
@@ -62,13 +66,14 @@ def load_kv_tile(k_cache_ptr, v_cache_ptr, block_tables_ptr, seq, kv_head, start
         v = tl.trans(vt)
     else:
         v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=key_ok[:, None], other=0.0)
-    return k, v, block * BLOCK_SIZE + rows
+    return k, v, block, rows
 
 
 @triton.jit
-def key_scales(scale_ptr, slots, kv_head, key_ok, stride_ss):
-    """Per-key INT8/FP8 scales of one KV head as a [1, BLOCK_N] row, to multiply score or probability columns."""
-    return tl.load(scale_ptr + slots * stride_ss + kv_head, mask=key_ok, other=0.0)[None, :]
+def key_scales(scale_ptr, block, rows, kv_head, key_ok, stride_sb, BLOCK_SIZE: tl.constexpr):
+    """Per-key INT8/FP8 scales of one KV head as a [1, BLOCK_N] row, to multiply score or probability columns
+    (scales head-major: [num_blocks, num_kv_heads, BLOCK_SIZE], stride_sb apart per block)."""
+    return tl.load(scale_ptr + block * stride_sb + kv_head * BLOCK_SIZE + rows, mask=key_ok, other=0.0)[None, :]
 
 
 @triton.jit

@@ -56,7 +56,7 @@ def test_store_kv_matches_reference(dtype, heads, kv_cache_dtype):
         assert (got.float() != want.float()).float().mean() < 0.01
         if kv_cache_dtype == "int8":
             assert (got.float() - want.float()).abs().max() <= 1
-        flat_scales = scales.view(-1, scales.shape[-1])[slots[slots >= 0]]
+        flat_scales = scales.reshape(-1, scales.shape[-1])[slots[slots >= 0]]
         stored = dequantize_ref(got.flatten(0, 1)[slots[slots >= 0]], flat_scales)
         bound = 0.01 if kv_cache_dtype == "int8" else 0.08      # e4m3 keeps 3 mantissa bits
         assert ((stored - x[slots >= 0].float()).norm() / x.float().norm()) < bound
@@ -76,22 +76,26 @@ def test_quantize_round_trip_error_bound(kv_cache_dtype):
 
 
 @pytest.mark.parametrize("kv_cache_dtype", ["int8", "fp8"])
-def test_quantized_cache_stores_v_transposed_and_never_nan(kv_cache_dtype):
-    """A quantized V is [blocks, kv_heads, head_dim, block_size] and starts zeroed; the store puts a token's
-    values block_size apart, and NaN input as 0 (the kernels read V past a sequence's end unmasked; the CPU
-    interpreter's fp8 conversion never makes NaN, the GPU's does)."""
+def test_quantized_cache_stores_v_in_key_groups_and_never_nan(kv_cache_dtype):
+    """A quantized V is [blocks, kv_heads, block_size // 64, head_dim, 64] and starts zeroed; the store puts a
+    token's values 64 apart, its scales head-major, and NaN input as 0 (the kernels read V past a sequence's
+    end unmasked; the CPU interpreter's fp8 conversion never makes NaN, the GPU's does)."""
     torch.manual_seed(0)
-    (cache,) = allocate(1, (3, 16, 2, 32), kv_cache_dtype, torch.float16, DEVICE)
-    assert cache.v.shape == (3, 2, 32, 16) and cache.v.is_contiguous() and not cache.v.float().any()
+    (cache,) = allocate(1, (3, 128, 2, 32), kv_cache_dtype, torch.float16, DEVICE)
+    assert cache.v.shape == (3, 2, 2, 32, 64) and cache.v.is_contiguous() and not cache.v.float().any()
+    assert cache.v_scale.shape == (3, 128, 2) and cache.v_scale.transpose(1, 2).is_contiguous()
     k, v = torch.randn(2, 2, 2, 32, dtype=torch.float16, device=DEVICE)
     v[1, 0, 5] = float("nan")
-    store_kv(k, v, cache, torch.tensor([17, 40], device=DEVICE))          # block 1 row 1, block 2 row 8
+    store_kv(k, v, cache, torch.tensor([129, 344], device=DEVICE))       # block 1 row 1, block 2 row 88
     assert not cache.v.float().isnan().any() and not cache.k.float().isnan().any()
-    stored = dequantize_ref(cache.v[1, :, :, 1], cache.v_scale[1, 1])     # token 0's [kv_heads, head_dim]
+    stored = dequantize_ref(cache.v[1, :, 0, :, 1], cache.v_scale[1, 1])  # token 0's [kv_heads, head_dim]
     assert rel_err(stored, v[0]) < (0.01 if kv_cache_dtype == "int8" else 0.08)   # e4m3: 3 mantissa bits
-    assert torch.equal(cache.v_slots[2, 8].float(), cache.v[2, :, :, 8].float())
-    written = torch.zeros(3, 16, dtype=torch.bool, device=DEVICE)
-    written[1, 1] = written[2, 8] = True
+    assert torch.equal(cache.v_slots[2, 88].float(), cache.v[2, :, 1, :, 24].float())
+    assert cache.v[2, :, 1, :, 24].float().any()
+    scale_storage = cache.v_scale.transpose(1, 2)                          # [blocks, kv_heads, block_size]
+    assert (scale_storage[2, :, 88] != 1).all() and (scale_storage[2, :, 87] == 1).all()
+    written = torch.zeros(3, 128, dtype=torch.bool, device=DEVICE)
+    written[1, 1] = written[2, 88] = True
     assert cache.v_slots.float()[~written].abs().sum() == 0             # nothing else written
 
 
