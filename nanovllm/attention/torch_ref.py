@@ -55,11 +55,14 @@ def gather_kv(values: torch.Tensor, scales: torch.Tensor | None, block_table: to
     x = values[blocks].reshape(-1, *values.shape[-2:])[:context_len]
     if scales is None:
         return x
-    return dequantize_ref(x, gather_scales(scales, blocks, context_len))
+    return dequantize_ref(x, gather_scales(scales, block_table, context_len))
 
 
-def gather_scales(scales: torch.Tensor, blocks: torch.Tensor, context_len: int) -> torch.Tensor:
-    """[context_len, num_kv_heads] of scales [num_blocks, block_size, num_kv_heads] over the blocks given."""
+def gather_scales(scales: torch.Tensor, block_table: torch.Tensor, context_len: int) -> torch.Tensor:
+    """The first context_len tokens' scales of one sequence, [context_len, num_kv_heads], of scales viewed
+    [num_blocks, block_size, num_kv_heads]."""
+    block_size = scales.shape[1]
+    blocks = block_table[:(context_len + block_size - 1) // block_size].long()
     return scales[blocks].flatten(0, 1)[:context_len]
 
 
@@ -118,12 +121,10 @@ def paged_attention_ref(q: torch.Tensor, cache: LayerKVCache, meta: AttentionMet
     out = torch.empty_like(q)
     cu = meta.cu_seqlens_q_cpu
     int8 = kv_cache_kind(cache) == "int8"
-    block_size = cache.k.shape[1]
     for i, context_len in enumerate(meta.context_lens_cpu):
         k = gather_kv(cache.k, cache.k_scale, meta.block_tables[i], context_len)
         v = gather_kv(cache.v_groups, cache.v_scale, meta.block_tables[i], context_len)
-        blocks = meta.block_tables[i, :(context_len + block_size - 1) // block_size].long()
-        v_scale = gather_scales(cache.v_scale, blocks, context_len) if int8 else None
+        v_scale = gather_scales(cache.v_scale, meta.block_tables[i], context_len) if int8 else None
         out[cu[i]:cu[i + 1]] = attention_ref(q[cu[i]:cu[i + 1]], k, v, scale, v_scale)
     return out
 

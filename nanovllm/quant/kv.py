@@ -71,7 +71,7 @@ class LayerKVCache:
 
     def check_storage(self) -> None:
         """The storage the Triton kernels address directly: K and V contiguous, scales head-major."""
-        num_blocks, block_size, num_kv_heads, _ = self.k.shape
+        _, block_size, num_kv_heads, _ = self.k.shape
         assert self.k.is_contiguous() and self.v.is_contiguous() and self.v.numel() == self.k.numel()
         if self.quantized:
             head_major_strides = (num_kv_heads * block_size, 1, block_size)
