@@ -8,6 +8,7 @@ from nanovllm.attention.torch_ref import paged_attention_ref, store_kv_ref
 from nanovllm.quant.kv import LayerKVCache, allocate, dequantize_ref, quantize_ref
 
 triton = pytest.importorskip("triton")
+from nanovllm.attention import triton_store  # noqa: E402
 from nanovllm.attention.triton_decode import decode_attention, num_decode_splits  # noqa: E402
 from nanovllm.attention.triton_prefill import prefill_attention  # noqa: E402
 from nanovllm.attention.triton_store import store_kv  # noqa: E402
@@ -60,6 +61,29 @@ def test_store_kv_matches_reference(dtype, heads, kv_cache_dtype):
         stored = dequantize_ref(got.flatten(0, 1)[slots[slots >= 0]], flat_scales)
         bound = 0.01 if kv_cache_dtype == "int8" else 0.08      # e4m3 keeps 3 mantissa bits
         assert ((stored - x[slots >= 0].float()).norm() / x.float().norm()) < bound
+
+
+@pytest.mark.parametrize("kv_cache_dtype", KV_DTYPES)
+def test_store_kv_writes_prompt_runs_as_token_by_token(kv_cache_dtype, monkeypatch):
+    """A prefill's tokens go RUN_TOKENS to a program, written as one run when their slots are consecutive in
+    one block and V group: the cache must be bit for bit what one program per token writes. Prompts start at
+    a group boundary, mid-group, and 4 keys before one (runs there straddle it and fall back); one token is
+    padding."""
+    starts, lens = [0, 128 + 3, 3 * 128 + 60, 5 * 128 + 16], [40, 70, 5, 33]
+    slots = torch.cat([torch.arange(s, s + n) for s, n in zip(starts, lens)]).to(DEVICE)
+    slots[7] = -1
+    k, v = torch.randn(2, len(slots), 2, 32, dtype=torch.float16, device=DEVICE) * 3
+    caches = []
+    for run_min_tokens in (1, len(slots) + 1):    # runs, then one program per token
+        monkeypatch.setattr(triton_store, "RUN_MIN_TOKENS", run_min_tokens)
+        (cache,) = allocate(1, (6, 128, 2, 32), kv_cache_dtype, torch.float16, DEVICE)
+        cache.k.zero_()
+        cache.v.zero_()
+        store_kv(k, v, cache, slots)
+        caches.append([t.float() for t in (cache.k, cache.v, cache.k_scale, cache.v_scale) if t is not None])
+    for runs, tokens in zip(*caches):
+        assert torch.equal(runs, tokens)
+    assert caches[0][1].abs().sum() > 0
 
 
 @pytest.mark.parametrize("kv_cache_dtype", ["int8", "fp8"])
