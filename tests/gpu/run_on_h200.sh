@@ -7,6 +7,7 @@
 #   bash tests/gpu/run_on_h200.sh quick     # decode attention on bench-like lengths, bench.py bf16
 #   bash tests/gpu/run_on_h200.sh tune      # decode launch settings per KV dtype ($TUNE_KV) -> attention/tuned/
 #   bash tests/gpu/run_on_h200.sh attention # decode attention microbenchmarks (64 x 8k, 256 x 100..2,048)
+#   bash tests/gpu/run_on_h200.sh store     # store kernel: a bench prefill step (runs of prompt tokens or not), a decode step
 #   bash tests/gpu/run_on_h200.sh bench     # bench.py bf16/int8/fp8 (median of 3)
 #   bash tests/gpu/run_on_h200.sh awq       # AWQ kernel tests, fastest method per shape -> quant/tuned/
 #   bash tests/gpu/run_on_h200.sh awq-sweep # GEMV settings per shape ($SWEEP_MODELS) + methods -> quant/tuned/
@@ -53,6 +54,10 @@ case "$mode" in
     timeout 40 python tests/kv_quant/bench_decode_attention.py --batch 256 --context 2048 --context-min 100 \
       2>&1 | tail -3
     cp benchmark_results/kv_int8_cache/decode-attention-*.json "$OUT/" 2>/dev/null
+    ;;
+  store)
+    timeout 60 python tests/kv_quant/bench_store.py 2>&1 | tail -7 | cut -c1-160
+    cp benchmark_results/kv_int8_cache/store.json "$OUT/" 2>/dev/null
     ;;
   awq)      # ~3 min: AWQ kernel tests at real sizes, the fastest method per shape and token count -> quant/tuned/
     timeout 150 python -m pytest -q -p no:cacheprovider tests/awq 2>&1 | tee "$OUT/awq_tests.log" | tail -3
