@@ -117,8 +117,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def _warm_up_sampler(self) -> None:
-        """Compile the sampling math now, for one row and for many: torch.compile specializes a dimension
-        of size 1, so the last sequence of a batch would otherwise pay a second compilation mid-run."""
+        """Compile the sampling kernels now, for one row and for many, so that no step of a timed run pays
+        for a compilation."""
         for rows in (2, 1):
             ones = torch.ones(rows, device=self.device)
             self.sampler(torch.zeros(rows, self.vocab_size, dtype=self.config.dtype, device=self.device),

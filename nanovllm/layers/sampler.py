@@ -2,15 +2,15 @@
 
 Rows with temperature 0 take the argmax of the raw logits. Other rows: divide by temperature, softmax,
 keep the top-k, the smallest set whose probability reaches top-p, and the tokens with probability at
-least min_p times the largest; then draw with the exponential-race trick, argmax(p / E) with E ~ Exp(1),
-which samples from p without a cumulative sum. A request with a seed draws its E from its own generator,
-so its tokens do not depend on the rest of the batch.
+least min_p times the largest; then draw by inverse CDF: one uniform u in (0, 1] per row, and the token
+where the cumulative probability first reaches u times the row's total. A request with a seed draws its
+u from its own generator, so its tokens do not depend on the rest of the batch.
+Without filters, on CUDA, triton_sampler.py draws the same way while reading the logits once;
+`sample_ref` is what it computes.
 """
 from dataclasses import dataclass
 
 import torch
-
-from nanovllm.utils.compile import compile_on_cuda
 
 
 @dataclass
@@ -39,20 +39,26 @@ def filter_probs(probs: torch.Tensor, top_ks: torch.Tensor, top_ps: torch.Tensor
     return torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
 
 
-def exponential_noise(shape: tuple[int, int], generators: list, device) -> torch.Tensor:
-    noise = torch.empty(shape, device=device).exponential_()
+def uniforms(num_rows: int, generators: list, device) -> torch.Tensor:
+    """One u in (0, 1] per row: from the row's own generator where it has one."""
+    u = 1.0 - torch.rand(num_rows, device=device)
     for row, gen in enumerate(generators):
         if gen is not None:
-            noise[row].exponential_(generator=gen)
-    return noise
+            u[row] = 1.0 - torch.rand(1, device=device, generator=gen)
+    return u
 
 
-@compile_on_cuda
-def gumbel_argmax(logits: torch.Tensor, temperatures: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-    """argmax(softmax(logits / T) / E) = argmax(logits / T - log E): no softmax pass needed."""
-    scaled = logits.float() / temperatures.clamp(min=1e-5)[:, None]
-    sampled = (scaled - noise.clamp(min=1e-10).log()).argmax(dim=-1)
-    return torch.where(temperatures == 0, logits.argmax(dim=-1), sampled)
+def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """probs [num_seqs, vocab] (unnormalized, >= 0), u [num_seqs] in (0, 1] -> the first token whose
+    cumulative probability reaches u times the row's total; a token of probability 0 is never chosen."""
+    cdf = probs.cumsum(dim=-1)
+    return torch.searchsorted(cdf, (u * cdf[:, -1])[:, None])[:, 0]
+
+
+def sample_ref(logits: torch.Tensor, temperatures: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """argmax where the temperature is 0, else the inverse-CDF draw at u from softmax(logits / T)."""
+    probs = torch.softmax(logits.float() / temperatures.clamp(min=1e-5)[:, None], dim=-1)
+    return torch.where(temperatures == 0, logits.argmax(dim=-1), inverse_cdf(probs, u))
 
 
 class Sampler:
@@ -61,15 +67,14 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
         if params.all_greedy:
             return logits.argmax(dim=-1)
+        u = uniforms(logits.shape[0], params.generators, logits.device)
         if not params.needs_filter:
-            noise = exponential_noise(tuple(logits.shape), params.generators, logits.device)
-            return gumbel_argmax(logits, params.temperatures, noise)
+            if logits.is_cuda:
+                from nanovllm.layers.triton_sampler import sample
+                return sample(logits, params.temperatures, u)
+            return sample_ref(logits, params.temperatures, u)
         logits = logits.float()
         greedy = logits.argmax(dim=-1)
-        temps = params.temperatures.clamp(min=1e-5)[:, None]
-        probs = torch.softmax(logits / temps, dim=-1)
-        if params.needs_filter:
-            probs = filter_probs(probs, params.top_ks, params.top_ps, params.min_ps)
-        noise = exponential_noise(tuple(probs.shape), params.generators, probs.device)
-        sampled = (probs / noise.clamp(min=1e-10)).argmax(dim=-1)
-        return torch.where(params.temperatures == 0, greedy, sampled)
+        probs = torch.softmax(logits / params.temperatures.clamp(min=1e-5)[:, None], dim=-1)
+        probs = filter_probs(probs, params.top_ks, params.top_ps, params.min_ps)
+        return torch.where(params.temperatures == 0, greedy, inverse_cdf(probs, u))
