@@ -91,6 +91,16 @@ def profile_rows(root: str) -> list[str]:
     return rows
 
 
+def sampler_rows(root: str) -> list[str]:
+    rows = []
+    for path, r in load_records(root, "sampler/*.json"):
+        cells = "; ".join(f"{rows_} rows {t['inverse_cdf']:.1f} us (noise per logit {t['gumbel']:.1f}, "
+                          f"argmax {t['argmax']:.1f})" for rows_, t in r["kernel_us_per_call"].items())
+        rows.append(f"Sampler, GPU time per call (`{path}`, {r['gpu']}, {r['vocab']:,} logits, "
+                    f"T = {r['temperature']}): {cells}.")
+    return rows
+
+
 def sharegpt_rows(root: str) -> list[str]:
     rows = ["| conversations | config | tokens/s | TTFT mean / p99 (ms) | TPOT mean / p99 (ms) | KV capacity (tokens) "
             "| GPU | date | file |", "|---|---|---|---|---|---|---|---|---|"]
@@ -123,8 +133,8 @@ def render(readme: str = "README.md", root: str = "benchmark_results") -> None:
         raise ValueError(f"{readme} lacks the markers {START} and {END}")
     head, rest = text.split(START, 1)
     _, tail = rest.split(END, 1)
-    parts = [bench_rows(root), profile_rows(root), decode_attention_rows(root), quality_rows(root), awq_rows(root),
-             awq_layer_rows(root), sharegpt_rows(root)]
+    parts = [bench_rows(root), profile_rows(root), sampler_rows(root), decode_attention_rows(root), quality_rows(root),
+             awq_rows(root), awq_layer_rows(root), sharegpt_rows(root)]
     table = "\n\n".join("\n".join(rows) for rows in parts if rows)
     with open(readme, "w") as f:
         f.write(f"{head}{START}\n{table}\n{END}{tail}")

@@ -8,7 +8,7 @@ left out, as the engine overlaps it with the GPU):
   - "gumbel": the noise-per-logit way the sampler used before, for comparison: E ~ Exp(1) for every
     logit, then one compiled kernel takes argmax(logits / T - log E).
   - "argmax": greedy decoding's torch.argmax, one read of the logits and nothing else.
-Writes benchmark_results/profile/sampler.json.
+Writes benchmark_results/sampler/sampler.json.
 """
 import sys
 from datetime import datetime, timezone
@@ -56,7 +56,7 @@ def main():
     save_record({"vocab": VOCAB, "dtype": "bfloat16", "temperature": TEMPERATURE, "kernel_us_per_call": rows_timed,
                  "gpu": torch.cuda.get_device_name(), "command": "python " + " ".join(sys.argv),
                  "date": datetime.now(timezone.utc).isoformat(timespec="seconds")},
-                "benchmark_results/profile/sampler.json")
+                "benchmark_results/sampler/sampler.json")
 
 
 if __name__ == "__main__":

@@ -4,9 +4,10 @@
 
 Qwen3-0.6B's KV shape (8 KV heads, head_dim 128), one layer, 256-token blocks. Two steps of bench.py:
 a prefill of 64 prompts of 250 tokens, each in its own fresh block, and a decode step of 256 tokens in
-scattered blocks. The prefill is timed twice: with runs of prompt tokens per program (the default), and
-one program per token (`triton_store.RUN_MIN_TOKENS` raised past the step's size). K and V arrive as views
-of a fused qkv output, as in the model. Prints one JSON line per case and writes them to
+scattered blocks. Into a quantized cache the prefill is timed twice: with runs of prompt tokens per program
+(the default) and with one program per token (`triton_store.RUN_MIN_TOKENS` raised past the step's size);
+a bf16 cache always stores token by token. Timed inside a CUDA graph, as the engine's decode steps run. K
+and V arrive as views of a fused qkv output, as in the model. Prints one JSON line per case and writes them to
 benchmark_results/kv_int8_cache/store.json.
 """
 import json
@@ -14,7 +15,7 @@ import sys
 from datetime import datetime, timezone
 
 import torch
-from triton.testing import do_bench
+from triton.testing import do_bench_cudagraph
 
 from nanovllm.attention import triton_store
 from nanovllm.attention.triton_store import store_kv
@@ -42,14 +43,16 @@ def main():
                             torch.device("cuda"))
         for step, lengths in STEPS.items():
             k, v, slots = step_inputs(lengths)
-            for runs in ((True, False) if step.startswith("prefill") else (True,)):
+            prefill = step.startswith("prefill")
+            for runs in ((True, False) if prefill and kind != "auto" else (False,)):
                 triton_store.RUN_MIN_TOKENS = run_min_tokens if runs else len(slots) + 1
-                us = do_bench(lambda: store_kv(k, v, cache, slots), warmup=20, rep=200, return_mode="median") * 1e3
+                us = do_bench_cudagraph(lambda: store_kv(k, v, cache, slots), rep=200, return_mode="median") * 1e3
                 records.append({"kv_cache_dtype": kind, "step": step, "tokens": len(slots), "runs": runs,
                                 "us": round(us, 2), "gpu": torch.cuda.get_device_name(),
                                 "command": "python " + " ".join(sys.argv),
                                 "date": datetime.now(timezone.utc).isoformat(timespec="seconds")})
                 print(json.dumps(records[-1]))
+    triton_store.RUN_MIN_TOKENS = run_min_tokens
     with open("benchmark_results/kv_int8_cache/store.json", "w") as f:
         json.dump(records, f, indent=2)
 
