@@ -55,10 +55,14 @@ def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return torch.searchsorted(cdf, (u * cdf[:, -1])[:, None])[:, 0]
 
 
+def softmax_at(logits: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
+    """softmax(logits / T) per row in float32 (T = 0 rows come out near one-hot; callers take the argmax)."""
+    return torch.softmax(logits.float() / temperatures.clamp(min=1e-5)[:, None], dim=-1)
+
+
 def sample_ref(logits: torch.Tensor, temperatures: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """argmax where the temperature is 0, else the inverse-CDF draw at u from softmax(logits / T)."""
-    probs = torch.softmax(logits.float() / temperatures.clamp(min=1e-5)[:, None], dim=-1)
-    return torch.where(temperatures == 0, logits.argmax(dim=-1), inverse_cdf(probs, u))
+    return torch.where(temperatures == 0, logits.argmax(dim=-1), inverse_cdf(softmax_at(logits, temperatures), u))
 
 
 class Sampler:
@@ -73,8 +77,5 @@ class Sampler:
                 from nanovllm.layers.triton_sampler import sample
                 return sample(logits, params.temperatures, u)
             return sample_ref(logits, params.temperatures, u)
-        logits = logits.float()
-        greedy = logits.argmax(dim=-1)
-        probs = torch.softmax(logits / params.temperatures.clamp(min=1e-5)[:, None], dim=-1)
-        probs = filter_probs(probs, params.top_ks, params.top_ps, params.min_ps)
-        return torch.where(params.temperatures == 0, greedy, inverse_cdf(probs, u))
+        probs = filter_probs(softmax_at(logits, params.temperatures), params.top_ks, params.top_ps, params.min_ps)
+        return torch.where(params.temperatures == 0, logits.argmax(dim=-1), inverse_cdf(probs, u))

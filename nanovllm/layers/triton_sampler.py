@@ -57,14 +57,15 @@ def _pick_kernel(logits_ptr, temperatures_ptr, u_ptr, stats_ptr, argmax_ptr, out
         tl.store(out_ptr + row, tl.load(argmax_ptr + row * num_chunks + best_chunk))
     else:
         s = tl.load(stats_ptr + (row * num_chunks + offs_c) * 2 + 1, mask=chunk_ok, other=0.0)
-        w = s * tl.exp2(m - tl.max(m, axis=0))     # each chunk's share of the row's total, unnormalized
+        top = tl.max(m, axis=0)
+        w = s * tl.exp2(m - top)                   # each chunk's share of the row's total, unnormalized
         cdf = tl.cumsum(w, axis=0)
         target = tl.load(u_ptr + row) * tl.max(cdf, axis=0)
         c = tl.min(tl.where(cdf >= target, offs_c, BLOCK_C), axis=0)
         c = tl.minimum(c, num_chunks - 1)
         before = tl.sum(tl.where(offs_c == c, cdf - w, 0.0), axis=0)
         m_c = tl.sum(tl.where(offs_c == c, m, 0.0), axis=0)
-        rest = (target - before) / tl.exp2(m_c - tl.max(m, axis=0))   # in the chunk's units, 2^(z - m_c)
+        rest = (target - before) / tl.exp2(m_c - top)   # in the chunk's units, 2^(z - m_c)
         offs = c * BLOCK_V + tl.arange(0, BLOCK_V)
         x = tl.load(logits_ptr + row * stride_l + offs, mask=offs < vocab_size, other=float("-inf"))
         p = tl.exp2(x.to(tl.float32) * (1.4426950408889634 / t) - m_c)

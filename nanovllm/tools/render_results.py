@@ -94,8 +94,8 @@ def profile_rows(root: str) -> list[str]:
 def sampler_rows(root: str) -> list[str]:
     rows = []
     for path, r in load_records(root, "sampler/*.json"):
-        cells = "; ".join(f"{rows_} rows {t['inverse_cdf']:.1f} us (noise per logit {t['gumbel']:.1f}, "
-                          f"argmax {t['argmax']:.1f})" for rows_, t in r["kernel_us_per_call"].items())
+        cells = "; ".join(f"{n} rows {t['inverse_cdf']:.1f} us (noise per logit {t['gumbel']:.1f}, "
+                          f"argmax {t['argmax']:.1f})" for n, t in r["kernel_us_per_call"].items())
         rows.append(f"Sampler, GPU time per call (`{path}`, {r['gpu']}, {r['vocab']:,} logits, "
                     f"T = {r['temperature']}): {cells}.")
     return rows
