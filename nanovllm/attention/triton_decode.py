@@ -97,11 +97,9 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, ou
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
     for start_n in range(start, end, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        key_ok = offs_n < end
-        k, v, block, rows = load_kv_tile(k_cache_ptr, v_cache_ptr, block_tables_ptr, seq, kv_head, start_n,
-                                         key_ok, stride_bt, stride_cb, stride_cs, stride_ch, BLOCK_SIZE, HEAD_DIM,
-                                         BLOCK_N, V_GROUP)
+        k, v, block, rows, key_ok = load_kv_tile(k_cache_ptr, v_cache_ptr, block_tables_ptr, seq, kv_head,
+                                                 start_n, end, stride_bt, stride_cb, stride_cs, stride_ch,
+                                                 BLOCK_SIZE, HEAD_DIM, BLOCK_N, V_GROUP)
         if INT8_DOTS:
             s = int8_scores(q8, q_scale, k)
         else:

@@ -7,11 +7,11 @@ Query row r sits at position context_len - n_q + r and sees keys 0..that positio
 Grid: (query tiles of BLOCK_M, sequences, query heads). Each program streams its keys in tiles of BLOCK_N,
 looking up each key's block in the block table (so any block size works), with the online softmax of
 FlashAttention: running max m, running sum l, rescaled accumulator. Scores use exp2 with the scale
-folded into log2(e). With an FP8 cache the tiles are converted to the model dtype in registers; with an
-INT8 cache both dots run on the INT8 tensor cores on the cache's bytes (query and P rounded per row to
-INT8, as in the decode kernel). Either way the per-key scales are applied where they cost least: K's to
-the score columns, V's to the probability columns before the second dot (never a dequantized copy of the
-cache in memory).
+folded into log2(e). With an FP8 cache the tiles are converted to float16 in registers and the dots run in
+float16 (the query converted once, as in the decode kernel); with an INT8 cache both dots run on the INT8
+tensor cores on the cache's bytes (query and P rounded per row to INT8, as in the decode kernel). Either way
+the per-key scales are applied where they cost least: K's to the score columns, V's to the probability
+columns before the second dot (never a dequantized copy of the cache in memory).
 Reference: `paged_attention_ref`.
 """
 import torch
@@ -39,7 +39,7 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, o
                     stride_cb, stride_cs, stride_ch, stride_sb,
                     GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                    QUANT: tl.constexpr, V_GROUP: tl.constexpr, INT8_DOTS: tl.constexpr):
+                    QUANT: tl.constexpr, V_GROUP: tl.constexpr, DOT_FP16: tl.constexpr, INT8_DOTS: tl.constexpr):
     tile, seq, head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     q_start = tl.load(cu_q_ptr + seq)
     q_len = tl.load(cu_q_ptr + seq + 1) - q_start
@@ -53,6 +53,8 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, o
         q = tl.load(q_ptr + q_rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
                     mask=row_ok[:, None], other=0.0)
         q_pos = context_len - q_len + offs_m
+        if DOT_FP16:   # FP8 cache: the dots run in float16 (an FP8 tile converts to it in half the instructions)
+            q = q.to(tl.float16)
         if INT8_DOTS:  # INT8 cache: the dots run on the INT8 tensor cores (triton_tiles.int8_scores / int8_pv)
             q8, q_scale = int8_query(q, qk_scale)     # the softmax scale folded into the row scales
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -61,10 +63,9 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, o
         end = tl.minimum(context_len, context_len - q_len + (tile + 1) * BLOCK_M)
         for start_n in range(0, end, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
-            key_ok = offs_n < context_len
-            k, v, block, rows = load_kv_tile(k_cache_ptr, v_cache_ptr, block_tables_ptr, seq, kv_head, start_n,
-                                             key_ok, stride_bt, stride_cb, stride_cs, stride_ch, BLOCK_SIZE,
-                                             HEAD_DIM, BLOCK_N, V_GROUP)
+            k, v, block, rows, key_ok = load_kv_tile(k_cache_ptr, v_cache_ptr, block_tables_ptr, seq, kv_head,
+                                                     start_n, context_len, stride_bt, stride_cb, stride_cs,
+                                                     stride_ch, BLOCK_SIZE, HEAD_DIM, BLOCK_N, V_GROUP)
             if INT8_DOTS:
                 s = int8_scores(q8, q_scale, k)                                           # [BLOCK_M, BLOCK_N]
             else:
@@ -108,11 +109,13 @@ def prefill_attention(q: torch.Tensor, cache: LayerKVCache, block_tables: torch.
     out = torch.empty_like(q)
     grid = (triton.cdiv(max_seqlen_q, settings["block_m"]), context_lens.shape[0], num_heads)
     k_scale, v_scale = (cache.k_scale, cache.v_scale) if cache.quantized else (k_cache, v_cache)
+    kind = kv_cache_kind(cache)
     _prefill_kernel[grid](q, k_cache, v_cache, k_scale, v_scale, out, block_tables, context_lens, cu_seqlens_q,
                           scale * 1.4426950408889634, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
                           block_tables.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
                           k_scale.stride(0) if cache.quantized else 0, QUANT=cache.quantized,
-                          V_GROUP=cache.v_group, INT8_DOTS=kv_cache_kind(cache) == "int8",
+                          V_GROUP=cache.v_group, INT8_DOTS=kind == "int8",
+                          DOT_FP16=kind == "fp8" and q.dtype == torch.bfloat16,
                           GROUP=num_heads // num_kv_heads, BLOCK_SIZE=block_size, HEAD_DIM=head_dim,
                           BLOCK_M=settings["block_m"], BLOCK_N=settings["block_n"],
                           DOT_PRECISION=dot_precision(q.dtype),

@@ -18,6 +18,8 @@ import triton.language as tl
 
 from nanovllm.quant.kv import LayerKVCache
 
+V_LOAD_KEYS = tl.constexpr(16)      # an 8-bit V's keys per 16-byte load
+
 
 def check_paged_inputs(q: torch.Tensor, cache: LayerKVCache, block_tables: torch.Tensor) -> tuple[int, int]:
     """The layouts both kernels assume; returns (block_size, num_kv_heads)."""
@@ -31,16 +33,17 @@ def check_paged_inputs(q: torch.Tensor, cache: LayerKVCache, block_tables: torch
 
 
 @triton.jit
-def load_kv_tile(k_cache_ptr, v_cache_ptr, block_tables_ptr, seq, kv_head, start_n, key_ok, stride_bt, stride_cb,
+def load_kv_tile(k_cache_ptr, v_cache_ptr, block_tables_ptr, seq, kv_head, start_n, end, stride_bt, stride_cb,
                  stride_cs, stride_ch, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
                  V_GROUP: tl.constexpr):
-    """(K [BLOCK_N, HEAD_DIM], V [BLOCK_N, HEAD_DIM], block, rows [BLOCK_N]) of the keys start_n .. start_n +
-    BLOCK_N - 1 (start_n a multiple of BLOCK_N), K and V in the cache's dtype; key n is at row rows[n] of cache
-    block `block` (a scalar when the tile lies in one block, else per key). V_GROUP > 0: V is stored
-    [num_blocks, num_kv_heads, BLOCK_SIZE // V_GROUP, HEAD_DIM, V_GROUP] (a quantized cache, quant/kv.py); it
-    is loaded with each group's keys contiguous and returned as a transposed view, the layout an 8-bit
-    tensor-core dot P @ V wants."""
+    """(K [BLOCK_N, HEAD_DIM], V [BLOCK_N, HEAD_DIM], block, rows [BLOCK_N], key_ok [BLOCK_N]) of the keys
+    start_n .. start_n + BLOCK_N - 1 (start_n a multiple of BLOCK_N) that lie before `end`, K and V in the
+    cache's dtype; key n is at row rows[n] of cache block `block` (a scalar when the tile lies in one block,
+    else per key). V_GROUP > 0: V is stored [num_blocks, num_kv_heads, BLOCK_SIZE // V_GROUP, HEAD_DIM,
+    V_GROUP] (a quantized cache, quant/kv.py); it is loaded with each group's keys contiguous and returned as
+    a transposed view, the layout an 8-bit tensor-core dot P @ V wants."""
     offs_d = tl.arange(0, HEAD_DIM)
+    key_ok = start_n + tl.arange(0, BLOCK_N) < end
     if BLOCK_SIZE % BLOCK_N == 0:
         # The tile lies inside one cache block: one block-table entry, and the addresses are one scalar base
         # plus constant offsets (a block-table lookup and 64-bit address math per key cost the 8-bit
@@ -58,15 +61,17 @@ def load_kv_tile(k_cache_ptr, v_cache_ptr, block_tables_ptr, seq, kv_head, start
             + (rows // V_GROUP) * (HEAD_DIM * V_GROUP) + rows % V_GROUP        # [BLOCK_N]
         v_ptrs = v_cache_ptr + offs_d[:, None] * V_GROUP + v_off[None, :]      # [HEAD_DIM, BLOCK_N]
         if BLOCK_SIZE % BLOCK_N == 0:
-            # Unmasked, so that the loads stay 16 bytes wide: keys past the end are still inside this
-            # sequence's block, hold finite values (quant/kv.py), and get probability 0
-            vt = tl.load(v_ptrs)
+            # Masked per 16 keys, so that the loads stay 16 bytes wide and a short context's last tile reads
+            # no more than 15 keys past its end: those are still inside this sequence's block, hold finite
+            # values (quant/kv.py), and get probability 0
+            chunk_ok = start_n + tl.arange(0, BLOCK_N) // V_LOAD_KEYS * V_LOAD_KEYS < end
+            vt = tl.load(v_ptrs, mask=chunk_ok[None, :], other=0.0)
         else:
             vt = tl.load(v_ptrs, mask=key_ok[None, :], other=0.0)
         v = tl.trans(vt)
     else:
         v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=key_ok[:, None], other=0.0)
-    return k, v, block, rows
+    return k, v, block, rows, key_ok
 
 
 @triton.jit

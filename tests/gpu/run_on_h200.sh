@@ -9,6 +9,7 @@
 #   bash tests/gpu/run_on_h200.sh attention # decode attention microbenchmarks (64 x 8k, 256 x 100..2,048)
 #   bash tests/gpu/run_on_h200.sh store     # store kernel: a bench prefill step (runs of prompt tokens or not), a decode step
 #   bash tests/gpu/run_on_h200.sh bench     # bench.py bf16/int8/fp8 (median of 3)
+#   bash tests/gpu/run_on_h200.sh profile   # decode step profile of bench.py's workload per KV dtype ($PROFILE_KV)
 #   bash tests/gpu/run_on_h200.sh awq       # AWQ kernel tests, fastest method per shape -> quant/tuned/
 #   bash tests/gpu/run_on_h200.sh awq-sweep # GEMV settings per shape ($SWEEP_MODELS) + methods -> quant/tuned/
 #   bash tests/gpu/run_on_h200.sh awq-e2e   # AWQ vs bf16 end to end (both models), decode profile
@@ -31,7 +32,7 @@ case "$mode" in
       2>&1 | tee "$OUT/gpu_tests.log" | tail -15
     ;;
   kernels)
-    timeout 200 python -m pytest -q -p no:cacheprovider -n 6 tests/kernels ${KERNELS_K:+-k "$KERNELS_K"} 2>&1 | tee "$OUT/kernel_tests.log" | tail -5
+    timeout 280 python -m pytest -q -p no:cacheprovider -n 6 tests/kernels ${KERNELS_K:+-k "$KERNELS_K"} 2>&1 | tee "$OUT/kernel_tests.log" | tail -5
     ;;
   quick)
     timeout 60 python tests/kv_quant/bench_decode_attention.py --batch 256 --context 2048 --context-min 100 \
@@ -80,11 +81,17 @@ case "$mode" in
     timeout 120 python -m nanovllm.tools.decode_profile --bench-workload \
       --out "$OUT/decode-bench-workload.json" 2>&1 | tail -3
     ;;
+  profile)  # decode steps of the bench workload per KV cache dtype ($PROFILE_KV): where each step's time goes
+    for kv in ${PROFILE_KV:-auto int8 fp8}; do
+      timeout 120 python -m nanovllm.tools.decode_profile --bench-workload --kv-cache-dtype "$kv" \
+        --out "$OUT/decode-bench-workload-$kv.json" 2>&1 | tail -2
+    done
+    ;;
   regress)  # A-D took ~150 s on the H200, E (CPU gloo there: one GPU) ~60 s, bench_sharegpt ~40 s per config
     NANOVLLM_REGRESSION_OUT="$OUT/regression" timeout 370 bash regression_test.sh $CASES 2>&1 | tee "$OUT/regression.log"
     timeout 200 python bench_sharegpt.py --num-prompts 100 --out "$OUT/sharegpt.json" 2>&1 | tail -6
     ;;
-  *) echo "usage: $0 MODE... (checks kernels quick tune attention bench awq awq-sweep awq-e2e regress)"; exit 2 ;;
+  *) echo "usage: $0 MODE... (checks kernels quick tune attention store bench profile awq awq-sweep awq-e2e regress)"; exit 2 ;;
 esac
 tar czf "$ARCHIVE_DIR/results.tgz" -C "$OUT" .
 done

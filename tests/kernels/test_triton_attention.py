@@ -1,7 +1,7 @@
 """Triton attention kernels against the plain-PyTorch reference (CPU: interpreter, tiny; GPU: real sizes)."""
 import pytest
 import torch
-from kernels.attention_cases import make_case, slots_for
+from attention_cases import make_case, slots_for
 
 from nanovllm.attention.metadata import decode_order
 from nanovllm.attention.torch_ref import paged_attention_ref, store_kv_ref

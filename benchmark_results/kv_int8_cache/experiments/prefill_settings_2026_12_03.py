@@ -13,7 +13,7 @@ import sys
 import torch
 from triton.testing import do_bench
 
-sys.path.insert(0, "tests/kernels")
+sys.path.insert(0, "tests")
 from attention_cases import make_case  # noqa: E402
 
 from nanovllm.attention.triton_prefill import prefill_attention  # noqa: E402
