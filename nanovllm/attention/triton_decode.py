@@ -34,6 +34,7 @@ import triton.language as tl
 from nanovllm.attention.torch_ref import dot_precision, kv_cache_kind, paged_attention_ref
 from nanovllm.attention.triton_tiles import (
     check_paged_inputs,
+    dot_kinds,
     int8_pv,
     int8_query,
     int8_scores,
@@ -175,7 +176,7 @@ def decode_attention(q: torch.Tensor, cache: LayerKVCache, block_tables: torch.T
         scale * 1.4426950408889634, q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_scale.stride(0) if cache.quantized else 0,
         QUANT=cache.quantized, V_GROUP=cache.v_group, ORDERED=order is not None,
-        DOT_FP16=kind == "fp8" and q.dtype == torch.bfloat16, INT8_DOTS=kind == "int8",
+        **dot_kinds(cache, q.dtype),
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=block_size,
         HEAD_DIM=head_dim, BLOCK_N=block_n, NUM_SPLITS=num_splits, DOT_PRECISION=dot_precision(q.dtype),
         num_warps=settings["num_warps"], num_stages=settings["num_stages"])

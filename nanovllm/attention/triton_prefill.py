@@ -18,9 +18,10 @@ import torch
 import triton
 import triton.language as tl
 
-from nanovllm.attention.torch_ref import dot_precision, kv_cache_kind, paged_attention_ref
+from nanovllm.attention.torch_ref import dot_precision, paged_attention_ref
 from nanovllm.attention.triton_tiles import (
     check_paged_inputs,
+    dot_kinds,
     int8_pv,
     int8_query,
     int8_scores,
@@ -109,13 +110,11 @@ def prefill_attention(q: torch.Tensor, cache: LayerKVCache, block_tables: torch.
     out = torch.empty_like(q)
     grid = (triton.cdiv(max_seqlen_q, settings["block_m"]), context_lens.shape[0], num_heads)
     k_scale, v_scale = (cache.k_scale, cache.v_scale) if cache.quantized else (k_cache, v_cache)
-    kind = kv_cache_kind(cache)
     _prefill_kernel[grid](q, k_cache, v_cache, k_scale, v_scale, out, block_tables, context_lens, cu_seqlens_q,
                           scale * 1.4426950408889634, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
                           block_tables.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
                           k_scale.stride(0) if cache.quantized else 0, QUANT=cache.quantized,
-                          V_GROUP=cache.v_group, INT8_DOTS=kind == "int8",
-                          DOT_FP16=kind == "fp8" and q.dtype == torch.bfloat16,
+                          V_GROUP=cache.v_group, **dot_kinds(cache, q.dtype),
                           GROUP=num_heads // num_kv_heads, BLOCK_SIZE=block_size, HEAD_DIM=head_dim,
                           BLOCK_M=settings["block_m"], BLOCK_N=settings["block_n"],
                           DOT_PRECISION=dot_precision(q.dtype),

@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from nanovllm.attention.torch_ref import kv_cache_kind
 from nanovllm.quant.kv import LayerKVCache
 
 V_LOAD_KEYS = tl.constexpr(16)      # an 8-bit V's keys per 16-byte load
@@ -32,6 +33,14 @@ def check_paged_inputs(q: torch.Tensor, cache: LayerKVCache, block_tables: torch
     return block_size, num_kv_heads
 
 
+def dot_kinds(cache: LayerKVCache, dtype: torch.dtype) -> dict[str, bool]:
+    """How the prefill and decode kernels run their two dots for this cache: INT8_DOTS on an INT8 cache's
+    bytes; DOT_FP16 for an FP8 cache with bfloat16 queries (an FP8 tile converts to float16 in half the
+    instructions it takes to reach bfloat16); otherwise in the query's dtype."""
+    kind = kv_cache_kind(cache)
+    return {"INT8_DOTS": kind == "int8", "DOT_FP16": kind == "fp8" and dtype == torch.bfloat16}
+
+
 @triton.jit
 def load_kv_tile(k_cache_ptr, v_cache_ptr, block_tables_ptr, seq, kv_head, start_n, end, stride_bt, stride_cb,
                  stride_cs, stride_ch, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -43,7 +52,8 @@ def load_kv_tile(k_cache_ptr, v_cache_ptr, block_tables_ptr, seq, kv_head, start
     V_GROUP] (a quantized cache, quant/kv.py); it is loaded with each group's keys contiguous and returned as
     a transposed view, the layout an 8-bit tensor-core dot P @ V wants."""
     offs_d = tl.arange(0, HEAD_DIM)
-    key_ok = start_n + tl.arange(0, BLOCK_N) < end
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    key_ok = offs_n < end
     if BLOCK_SIZE % BLOCK_N == 0:
         # The tile lies inside one cache block: one block-table entry, and the addresses are one scalar base
         # plus constant offsets (a block-table lookup and 64-bit address math per key cost the 8-bit
@@ -51,7 +61,6 @@ def load_kv_tile(k_cache_ptr, v_cache_ptr, block_tables_ptr, seq, kv_head, start
         block = tl.load(block_tables_ptr + seq * stride_bt + start_n // BLOCK_SIZE).to(tl.int64)
         rows = tl.multiple_of(start_n % BLOCK_SIZE, BLOCK_N) + tl.arange(0, BLOCK_N)
     else:
-        offs_n = start_n + tl.arange(0, BLOCK_N)
         block = tl.load(block_tables_ptr + seq * stride_bt + offs_n // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
         rows = offs_n % BLOCK_SIZE
     kv_off = block * stride_cb + rows * stride_cs + kv_head * stride_ch
