@@ -6,7 +6,7 @@ paged cache); decode: flash_attn_with_kvcache. flash-attn's paged kernels need b
 import torch
 
 from nanovllm.attention.metadata import AttentionMetadata
-from nanovllm.attention.triton_store import store_kv
+from nanovllm.attention.triton_store import store_step_kv
 
 try:
     from flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache
@@ -29,7 +29,7 @@ class FlashAttnBackend:
         return (num_blocks, block_size, num_kv_heads, head_dim)
 
     def store_kv(self, k, v, cache, meta: AttentionMetadata) -> None:
-        store_kv(k, v, cache, meta.slot_mapping)
+        store_step_kv(k, v, cache, meta)
 
     def forward(self, q, cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         k_cache, v_cache = cache.k, cache.v

@@ -4,7 +4,7 @@ import torch
 from nanovllm.attention.metadata import AttentionMetadata
 from nanovllm.attention.triton_decode import decode_attention, num_decode_splits
 from nanovllm.attention.triton_prefill import prefill_attention
-from nanovllm.attention.triton_store import store_kv
+from nanovllm.attention.triton_store import store_step_kv
 from nanovllm.quant.kv import LayerKVCache
 
 
@@ -26,7 +26,7 @@ class TritonBackend:
         return (num_blocks, block_size, num_kv_heads, head_dim)
 
     def store_kv(self, k, v, cache: LayerKVCache, meta: AttentionMetadata) -> None:
-        store_kv(k, v, cache, meta.slot_mapping)
+        store_step_kv(k, v, cache, meta)
 
     def forward(self, q, cache: LayerKVCache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         if meta.is_prefill:

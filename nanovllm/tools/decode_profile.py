@@ -6,6 +6,7 @@ JSON line (and writes it with --out).
 """
 import argparse
 import json
+import os
 import random
 import sys
 import time
@@ -15,7 +16,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from nanovllm import LLM, SamplingParams
-from nanovllm.configs import shipped_config_dir
+from nanovllm.configs import shipped_config_dir, with_awq_config
 from nanovllm.utils.results import save_record
 
 
@@ -68,9 +69,13 @@ def main():
     parser.add_argument("--kv-cache-dtype", default="auto")
     parser.add_argument("--bench-workload", action="store_true",
                         help="bench.py's 256 requests; profile every decode step to the end")
+    parser.add_argument("--awq", action="store_true",
+                        help="the model with an AutoAWQ 4-bit quantization_config (random weights, group 128)")
+    parser.add_argument("--top", type=int, default=12, help="kernels listed, most expensive first")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    llm = LLM(args.model, load_format="dummy", max_num_seqs=args.num_seqs, enforce_eager=args.enforce_eager,
+    model = with_awq_config(args.model) if args.awq else args.model
+    llm = LLM(model, load_format="dummy", max_num_seqs=args.num_seqs, enforce_eager=args.enforce_eager,
               kv_cache_dtype=args.kv_cache_dtype)
     for prompt, max_tokens in requests(args):
         llm.add_request(prompt, SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=max_tokens))
@@ -96,7 +101,9 @@ def main():
               "gpu_busy_ms_per_step": busy / 1e3 / args.steps, "idle_fraction": round(1 - busy / window, 4),
               "enforce_eager": args.enforce_eager, "kv_cache_dtype": args.kv_cache_dtype,
               "gpu": torch.cuda.get_device_name(),
-              "top_kernels_ms_per_step": top_kernels(prof, args.steps), "command": "python " + " ".join(sys.argv),
+              "model": os.path.basename(args.model.rstrip("/")), "awq": args.awq,
+              "top_kernels_ms_per_step": top_kernels(prof, args.steps, args.top),
+              "command": "python " + " ".join(sys.argv),
               "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     if args.out:
         save_record(record, args.out)

@@ -8,10 +8,9 @@ from nanovllm.attention.torch_ref import paged_attention_ref, store_kv_ref
 from nanovllm.quant.kv import LayerKVCache, allocate, dequantize_ref, quantize_ref
 
 triton = pytest.importorskip("triton")
-from nanovllm.attention import triton_store  # noqa: E402
 from nanovllm.attention.triton_decode import decode_attention, num_decode_splits  # noqa: E402
 from nanovllm.attention.triton_prefill import prefill_attention  # noqa: E402
-from nanovllm.attention.triton_store import store_kv  # noqa: E402
+from nanovllm.attention.triton_store import store_kv, store_prompt_kv  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -63,28 +62,28 @@ def test_store_kv_matches_reference(dtype, heads, kv_cache_dtype):
         assert ((stored - x[slots >= 0].float()).norm() / x.float().norm()) < bound
 
 
-@pytest.mark.parametrize("kv_cache_dtype", ["int8", "fp8"])
-def test_store_kv_writes_prompt_runs_as_token_by_token(kv_cache_dtype, monkeypatch):
-    """A prefill's tokens go RUN_TOKENS to a program of a quantized cache, written as one run when their slots
-    are consecutive in one block and V group: the cache must be bit for bit what one program per token writes
-    (and one program per token is what a bf16 cache gets: runs were slower there). Prompts start at
-    a group boundary, mid-group, and 4 keys before one (runs there straddle it and fall back); one token is
-    padding."""
-    starts, lens = [0, 128 + 3, 3 * 128 + 60, 5 * 128 + 16], [40, 70, 5, 33]
-    slots = torch.cat([torch.arange(s, s + n) for s, n in zip(starts, lens)]).to(DEVICE)
-    slots[7] = -1
-    k, v = torch.randn(2, len(slots), 2, 32, dtype=torch.float16, device=DEVICE) * 3
+@pytest.mark.parametrize("kv_cache_dtype", KV_DTYPES)
+@pytest.mark.parametrize("block_size", [16, 128])
+def test_prompt_store_writes_what_the_token_store_writes(kv_cache_dtype, block_size):
+    """A prefill step's store goes by aligned windows of each sequence's positions (store_prompt_kv): the
+    cache must be bit for bit what one program per token writes at slot_mapping, and nothing else may change.
+    Fresh prompts, a prefix-cache hit and a later chunk that start mid-window, a window's single token, a
+    prompt of exactly one block."""
+    query_lens, context_lens = [70, 5, 1, 33, block_size], [70, 40, 19, 100, block_size]
+    _, cache, meta = make_case(query_lens, context_lens, 4, 2, 32, block_size, torch.float16, DEVICE,
+                               kv_cache_dtype=kv_cache_dtype)
+    slots = slots_for(meta, block_size, query_lens)
+    qkv = torch.randn(len(slots), 3, 2, 32, dtype=torch.float16, device=DEVICE) * 3
+    k, v = qkv[:, 0], qkv[:, 1]                        # strided views, as the model's fused qkv gives them
     caches = []
-    for run_min_tokens in (1, len(slots) + 1):    # runs, then one program per token
-        monkeypatch.setattr(triton_store, "RUN_MIN_TOKENS", run_min_tokens)
-        (cache,) = allocate(1, (6, 128, 2, 32), kv_cache_dtype, torch.float16, DEVICE)
-        cache.k.zero_()
-        cache.v.zero_()
-        store_kv(k, v, cache, slots)
-        caches.append([t.float() for t in (cache.k, cache.v, cache.k_scale, cache.v_scale) if t is not None])
-    for runs, tokens in zip(*caches):
-        assert torch.equal(runs, tokens)
-    assert caches[0][1].abs().sum() > 0
+    for store in (lambda c: store_kv(k, v, c, slots), lambda c: store_prompt_kv(k, v, c, meta)):
+        copy = LayerKVCache(*(t.clone() if t is not None else None
+                              for t in (cache.k, cache.v, cache.k_scale, cache.v_scale)))
+        store(copy)
+        caches.append([t for t in (copy.k, copy.v, copy.k_scale, copy.v_scale) if t is not None])
+    for by_token, by_window, before in zip(*caches, [cache.k, cache.v, cache.k_scale, cache.v_scale]):
+        assert torch.equal(by_window.float(), by_token.float())
+        assert not torch.equal(by_window.float(), before.float())
 
 
 @pytest.mark.parametrize("kv_cache_dtype", ["int8", "fp8"])
