@@ -20,15 +20,13 @@ Two kernels, one per kind of step:
   earlier chunk) are left as they are.
 Reference: `store_kv_ref` (with the step's slot_mapping for either kernel).
 """
-import math
-
 import torch
 import triton
 import triton.language as tl
 
 from nanovllm.attention.metadata import AttentionMetadata
 from nanovllm.attention.torch_ref import kv_cache_kind, store_kv_ref
-from nanovllm.quant.kv import MIN_SCALE, QMAX, V_KEY_GROUP, LayerKVCache
+from nanovllm.quant.kv import MIN_SCALE, QMAX, LayerKVCache, v_key_group
 
 __all__ = ["store_kv", "store_prompt_kv", "store_step_kv", "store_kv_ref"]
 QUANT_CODES = {"auto": 0, "int8": 1, "fp8": 2}
@@ -149,17 +147,11 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, cache: LayerKVCache, slot_mapping
                                        BLOCK_H=triton.next_power_of_2(k.shape[1]), **launch["consts"], num_warps=4)
 
 
-def prompt_window(cache: LayerKVCache) -> int:
-    """Positions per program of `store_prompt_kv`: the V group of a quantized cache, else 64 or the largest
-    power of 2 dividing block_size (a window never straddles two blocks)."""
-    return cache.v_group if cache.quantized else math.gcd(V_KEY_GROUP, cache.k.shape[1])
-
-
 def store_prompt_kv(k: torch.Tensor, v: torch.Tensor, cache: LayerKVCache, meta: AttentionMetadata) -> None:
     """A prefill step: sequence i's tokens cu_seqlens_q[i]:cu_seqlens_q[i+1] are the last ones of its
     context_lens[i] positions; one program per aligned window of positions and KV head."""
     launch = _check(k, v, cache)
-    window = prompt_window(cache)
+    window = v_key_group(cache.k.shape[1])    # a quantized V's group; never straddles two blocks
     grid = (triton.cdiv(meta.max_seqlen_q, window) + 1, meta.context_lens.shape[0], k.shape[1])
     _store_window_kernel[grid](*launch["args"], meta.block_tables, meta.context_lens, meta.cu_seqlens_q,
                                k.stride(0), v.stride(0), meta.block_tables.stride(0), WINDOW=window,
