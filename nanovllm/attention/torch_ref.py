@@ -70,10 +70,10 @@ INT8_TILE = 64   # keys per tile over which P is rounded for INT8 dots (the kern
 
 
 def round_rows_to_int8_ref(x: torch.Tensor) -> torch.Tensor:
-    """x [..., n] rounded to INT8 steps per row (max |x| -> 127, half away from zero), as float32 values."""
+    """x [..., n] rounded to INT8 steps per row (max |x| -> 127, half to even, as the kernels' float adder
+    rounds: triton_tiles.round_rows_to_int8), as float32 values."""
     scale = x.abs().amax(-1, keepdim=True).clamp_min(1e-30) / 127
-    y = x / scale
-    return y.abs().add_(0.5).trunc_().copysign_(y).mul_(scale)   # in place: real-size prefill is GBs
+    return (x * (1 / scale)).round_().mul_(scale)   # in place: real-size prefill is GBs
 
 
 def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,

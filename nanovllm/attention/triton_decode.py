@@ -92,8 +92,9 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, ou
                 mask=head_ok[:, None], other=0.0)
     if DOT_FP16:   # FP8 cache: the dots run in float16
         q = q.to(tl.float16)
+    row_scale = tl.full([BLOCK_G], qk_scale, tl.float32)   # the scores' factor in the softmax
     if INT8_DOTS:  # INT8 cache: the dots run on the INT8 tensor cores (triton_tiles.int8_scores / int8_pv)
-        q8, q_scale = int8_query(q, qk_scale)     # the softmax scale folded into the row scales
+        q8, row_scale = int8_query(q, qk_scale)   # the query's row scales, the softmax scale in them
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
@@ -102,12 +103,12 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, ou
                                                  start_n, end, stride_bt, stride_cb, stride_cs, stride_ch,
                                                  BLOCK_SIZE, HEAD_DIM, BLOCK_N, V_GROUP)
         if INT8_DOTS:
-            s = int8_scores(q8, q_scale, k)
+            s = int8_scores(q8, k)
         else:
-            s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * qk_scale
+            s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION)
         if QUANT:   # K's per-key scales multiply the score columns
             s = s * key_scales(k_scale_ptr, block, rows, kv_head, key_ok, stride_sb, BLOCK_SIZE)
-        p, alpha, m_i, l_i = online_softmax(tl.where(key_ok[None, :], s, float("-inf")), m_i, l_i)
+        p, alpha, m_i, l_i = online_softmax(tl.where(key_ok[None, :], s, float("-inf")), row_scale, m_i, l_i)
         if QUANT:   # V's per-key scales multiply the probability columns (after l is updated)
             p = p * key_scales(v_scale_ptr, block, rows, kv_head, key_ok, stride_sb, BLOCK_SIZE)
         if INT8_DOTS:
@@ -152,7 +153,8 @@ def decode_attention(q: torch.Tensor, cache: LayerKVCache, block_tables: torch.T
                      scale: float, num_splits: int = 1, settings: dict | None = None,
                      order: torch.Tensor | None = None) -> torch.Tensor:
     """q [num_seqs, num_heads, head_dim] (one token each) -> out of the same shape. `settings`: launch
-    settings ({"block_n", "num_warps", "num_stages"}), by default the tuned ones for this GPU.
+    settings ({"block_n", "num_warps", "num_stages"} and optionally "maxnreg", a cap on registers per
+    thread), by default the tuned ones for this GPU.
     `order`: int32 [num_seqs], a permutation of the rows in the order to start them (longest context first;
     metadata.decode_order); it changes only the speed."""
     k_cache, v_cache = cache.k, cache.v
@@ -179,7 +181,8 @@ def decode_attention(q: torch.Tensor, cache: LayerKVCache, block_tables: torch.T
         **dot_kinds(cache, q.dtype),
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=block_size,
         HEAD_DIM=head_dim, BLOCK_N=block_n, NUM_SPLITS=num_splits, DOT_PRECISION=dot_precision(q.dtype),
-        num_warps=settings["num_warps"], num_stages=settings["num_stages"])
+        num_warps=settings["num_warps"], num_stages=settings["num_stages"],
+        **({"maxnreg": settings["maxnreg"]} if settings.get("maxnreg") else {}))
     if num_splits > 1:
         _combine_kernel[(num_seqs, num_heads)](part_acc, part_ml, out, out.stride(0), out.stride(1),
                                                HEAD_DIM=head_dim, NUM_SPLITS=num_splits)

@@ -56,8 +56,9 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, o
         q_pos = context_len - q_len + offs_m
         if DOT_FP16:   # FP8 cache: the dots run in float16 (an FP8 tile converts to it in half the instructions)
             q = q.to(tl.float16)
+        row_scale = tl.full([BLOCK_M], qk_scale, tl.float32)   # the scores' factor in the softmax
         if INT8_DOTS:  # INT8 cache: the dots run on the INT8 tensor cores (triton_tiles.int8_scores / int8_pv)
-            q8, q_scale = int8_query(q, qk_scale)     # the softmax scale folded into the row scales
+            q8, row_scale = int8_query(q, qk_scale)   # the query's row scales, the softmax scale in them
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
@@ -68,13 +69,13 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, o
                                                      start_n, context_len, stride_bt, stride_cb, stride_cs,
                                                      stride_ch, BLOCK_SIZE, HEAD_DIM, BLOCK_N, V_GROUP)
             if INT8_DOTS:
-                s = int8_scores(q8, q_scale, k)                                           # [BLOCK_M, BLOCK_N]
+                s = int8_scores(q8, k)                                           # [BLOCK_M, BLOCK_N]
             else:
-                s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * qk_scale
+                s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION)
             if QUANT:   # K's per-key scales multiply the score columns
                 s = s * key_scales(k_scale_ptr, block, rows, kv_head, key_ok, stride_sb, BLOCK_SIZE)
             visible = (offs_n[None, :] <= q_pos[:, None]) & key_ok[None, :]
-            p, alpha, m_i, l_i = online_softmax(tl.where(visible, s, float("-inf")), m_i, l_i)
+            p, alpha, m_i, l_i = online_softmax(tl.where(visible, s, float("-inf")), row_scale, m_i, l_i)
             if QUANT:   # V's per-key scales multiply the probability columns (after l is updated)
                 p = p * key_scales(v_scale_ptr, block, rows, kv_head, key_ok, stride_sb, BLOCK_SIZE)
             if INT8_DOTS:

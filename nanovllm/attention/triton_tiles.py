@@ -4,13 +4,19 @@ load_kv_tile: the K and V rows of one tile of keys of one sequence and KV head. 
 block_table[n // BLOCK_SIZE] at row n % BLOCK_SIZE, i.e. at slot block * BLOCK_SIZE + n % BLOCK_SIZE of the
 cache [num_blocks, block_size, num_kv_heads, head_dim]; INT8/FP8 scales are head-major within each block
 ([num_blocks, num_kv_heads, block_size], quant/kv.py), so one tile's scales are contiguous.
-online_softmax: one tile of FlashAttention's streaming softmax in base 2. With running max m and sum l,
-    m' = max(m, max_j s_j),  p_j = 2^(s_j - m'),  alpha = 2^(m - m'),  l' = l * alpha + sum_j p_j
-and the caller rescales its accumulator by alpha before adding p @ V.
+online_softmax: one tile of FlashAttention's streaming softmax in base 2, on scores s that still lack a
+positive factor c per row (the softmax scale, and for INT8 dots the query's row scale). With running max
+m and sum l,
+    m' = max(m, c max_j s_j),  p_j = 2^(c s_j - m'),  alpha = 2^(m - m'),  l' = l * alpha + sum_j p_j
+(c s_j - m' is one FMA per score instead of a multiply and a subtraction) and the caller rescales its
+accumulator by alpha before adding p @ V.
 int8_scores / int8_pv: the two dots on the INT8 tensor cores, straight on an INT8 cache's bytes. The query
-is rounded per row to INT8 (`round_rows_to_int8`: a row's max |x| -> 127) and the int32 scores multiplied
-by the row's scale; the probabilities, V's per-key scales folded in, are rounded the same way per row of
-each tile, and the int32 result multiplied by that scale. Reference: `attention_ref` with `v_scale`.
+is rounded per row to INT8 (`round_rows_to_int8`: a row's max |x| -> 127) and the int32 scores take the
+row's scale in the softmax; the probabilities, V's per-key scales folded in, are rounded the same way per
+row of each tile, and the int32 result multiplied by that scale. Rounding is half to even, done by the
+float adder: for |y| <= 127, y + 1.5 * 2^23 is a float whose low mantissa bits hold round(y) in two's
+complement, so the INT8 value is its low byte (one add per value instead of a division's three
+multiplies and a compare, select, add and conversion). Reference: `attention_ref` with `v_scale`.
 """
 import torch
 import triton
@@ -91,34 +97,39 @@ def key_scales(scale_ptr, block, rows, kv_head, key_ok, stride_sb, BLOCK_SIZE: t
 
 
 @triton.jit
-def online_softmax(s, m_i, l_i):
-    """s [rows, BLOCK_N] (masked keys at -inf) -> (p, alpha, new running max, new running sum)."""
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    p = tl.exp2(s - m_new[:, None])
+def online_softmax(s, row_scale, m_i, l_i):
+    """s [rows, BLOCK_N] (masked keys at -inf), to be multiplied by row_scale [rows] (> 0) -> (p, alpha, new
+    running max, new running sum)."""
+    m_new = tl.maximum(m_i, tl.max(s, 1) * row_scale)
+    p = tl.exp2(s * row_scale[:, None] - m_new[:, None])
     alpha = tl.exp2(m_i - m_new)
     return p, alpha, m_new, l_i * alpha + tl.sum(p, 1)
 
 
+ROUND_MAGIC = tl.constexpr(12582912.0)   # 1.5 * 2^23: y + ROUND_MAGIC holds round(y) in its low bits
+
+
 @triton.jit
 def round_rows_to_int8(x):
-    """(x [rows, cols] rounded to INT8, per row: its max |x| -> 127, half away from zero; the scales [rows])."""
+    """(x [rows, cols] rounded to INT8, per row: its max |x| -> 127, half to even; the scales [rows])."""
     scale = tl.maximum(tl.max(tl.abs(x), 1), 1e-30) / 127.0
-    y = x / scale[:, None]
-    return tl.where(y >= 0, y + 0.5, y - 0.5).to(tl.int8), scale
+    y = x * (1.0 / scale)[:, None]
+    return (y + ROUND_MAGIC).to(tl.int32, bitcast=True).to(tl.int8), scale
 
 
 @triton.jit
 def int8_query(q, qk_scale):
-    """The query rounded per row to INT8 once per program: (q8, its row scales times the softmax scale)."""
+    """The query rounded per row to INT8 once per program: (q8, its row scales times the softmax scale, the
+    scores' row factor for online_softmax)."""
     q8, q_scale = round_rows_to_int8(q.to(tl.float32))
     return q8, q_scale * qk_scale
 
 
 @triton.jit
-def int8_scores(q8, q_scale, k):
-    """Scores [rows, BLOCK_N] of the INT8-rounded query (q8, q_scale: its row scales, the softmax scale folded
-    in) against an INT8 K tile, before K's per-key scales."""
-    return tl.dot(q8, tl.trans(k), out_dtype=tl.int32).to(tl.float32) * q_scale[:, None]
+def int8_scores(q8, k):
+    """Scores [rows, BLOCK_N] of the INT8-rounded query against an INT8 K tile, before the query's row scales
+    (online_softmax applies them) and K's per-key scales."""
+    return tl.dot(q8, tl.trans(k), out_dtype=tl.int32).to(tl.float32)
 
 
 @triton.jit

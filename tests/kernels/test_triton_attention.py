@@ -11,6 +11,9 @@ triton = pytest.importorskip("triton")
 from nanovllm.attention.triton_decode import decode_attention, num_decode_splits  # noqa: E402
 from nanovllm.attention.triton_prefill import prefill_attention  # noqa: E402
 from nanovllm.attention.triton_store import store_kv, store_prompt_kv  # noqa: E402
+from nanovllm.attention.triton_tiles import round_rows_to_int8  # noqa: E402
+
+tl = triton.language
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -223,3 +226,28 @@ def test_int8_dots_round_the_query_and_probabilities_as_the_reference_does():
     ref = paged_attention_ref(q, cache, meta, 0.1)
     assert rel_err(decode, ref) < 1e-5 < rel_err(decode, plain) / 10      # measured: 5e-8 and 1.2e-3
     assert rel_err(prefill, ref) < 1e-5                                     # 64-key tiles at head_dim 32
+
+
+@triton.jit
+def _round_rows_kernel(x_ptr, q_ptr, scale_ptr, ROWS: tl.constexpr, COLS: tl.constexpr):
+    offs = tl.arange(0, ROWS)[:, None] * COLS + tl.arange(0, COLS)[None, :]
+    q8, scale = round_rows_to_int8(tl.load(x_ptr + offs))
+    tl.store(q_ptr + offs, q8)
+    tl.store(scale_ptr + tl.arange(0, ROWS), scale)
+
+
+def test_int8_rounding_by_the_float_adder_is_half_to_even():
+    """round_rows_to_int8 keeps the low byte of y + 1.5 * 2^23: exact ties go to the even integer (as
+    torch.round and the reference do), negative values come out in two's complement, a row's max |x| is
+    +-127 and a row of zeros stays 0."""
+    from nanovllm.attention.torch_ref import round_rows_to_int8_ref
+    ties = [127.0, 0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 3.49, -126.5, 125.5, -127.0, 64.5, -3.5, 0.0, 7.5, -0.49]
+    x = torch.stack([torch.tensor(ties), torch.randn(16, generator=torch.Generator().manual_seed(0)) * 5,
+                     torch.zeros(16), -torch.tensor(ties) / 4]).to(DEVICE)
+    q = torch.empty(x.shape, dtype=torch.int8, device=DEVICE)
+    scale = torch.empty(4, device=DEVICE)
+    _round_rows_kernel[(1,)](x, q, scale, ROWS=4, COLS=16)
+    assert q[0].tolist() == [127, 0, 2, 2, 0, -2, -2, 3, -126, 126, -127, 64, -4, 0, 8, 0]
+    assert q.abs().amax(1).tolist() == [127, 127, 0, 127]
+    want = round_rows_to_int8_ref(x)
+    torch.testing.assert_close(q.float() * scale[:, None], want, rtol=1e-6, atol=0)

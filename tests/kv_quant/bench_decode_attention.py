@@ -8,7 +8,7 @@ the pool. Every sequence has --context tokens, or with --context-min a length dr
 launch order (longest first), and the record also gives the time in batch order. Bytes counted = K and V
 values (and scales) of every context token, read once; the query and output are negligible. Prints one
 JSON line per dtype and writes them under benchmark_results/kv_int8_cache/.
---sweep instead times each cache dtype over launch settings (keys per tile, warps, stages) and prints
+--sweep instead times each cache dtype over launch settings (keys per tile, warps, stages, register cap) and prints
 the fastest (every timing goes to decode-sweep-*.json); --write stores the winners in
 nanovllm/attention/tuned/decode-<GPU>.json, which decode_attention reads on that GPU model.
 """
@@ -71,7 +71,7 @@ def main():
             cache = quantized_cache(kq, vq, ks, vs)
         if args.sweep:
             rows = sweep(q, cache, kind, tables, context_lens, splits, order)
-            best[kind] = {key: rows[0][key] for key in DEFAULT_SETTINGS}
+            best[kind] = {key: rows[0][key] for key in (*DEFAULT_SETTINGS, "maxnreg") if rows[0].get(key)}
             records += rows
             continue
         ms = do_bench(lambda: decode_attention(q, cache, tables, context_lens, head_dim ** -0.5, splits, order=order),
@@ -107,6 +107,11 @@ def context_bytes(cache: LayerKVCache, tokens: int) -> int:
                if t is not None) * tokens // slots
 
 
+# Register caps per thread (None: the compiler's choice). Fewer registers let more programs share an SM,
+# which hides more memory latency when a batch has many more programs than the GPU holds at once.
+MAXNREG = (None, 128, 96)
+
+
 def sweep(q, cache, kind, tables, context_lens, splits, order) -> list[dict]:
     """Time every launch setting on this cache; settings whose output differs from the default's are
     dropped (a broken configuration must not win). Returns one row per setting (its keys, ms, TB/s),
@@ -117,8 +122,8 @@ def sweep(q, cache, kind, tables, context_lens, splits, order) -> list[dict]:
     # differently (H200: up to 0.012 apart between 64 and 128 keys, each within the reference's error)
     atol = 4e-2 if kind == "int8" else 2e-2
     rows = []
-    for block_n, num_warps, num_stages in itertools.product((32, 64, 128), (2, 4, 8), (2, 3)):
-        settings = {"block_n": block_n, "num_warps": num_warps, "num_stages": num_stages}
+    for block_n, num_warps, num_stages, maxnreg in itertools.product((32, 64, 128), (2, 4, 8), (2, 3), MAXNREG):
+        settings = {"block_n": block_n, "num_warps": num_warps, "num_stages": num_stages, "maxnreg": maxnreg}
         out = decode_attention(q, cache, tables, context_lens, 0.1, splits, settings, order)
         if not torch.allclose(out.float(), ref.float(), atol=atol, rtol=2e-2):
             print(json.dumps({"dropped": settings, "kv_cache_dtype": kind}))
