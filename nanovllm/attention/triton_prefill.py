@@ -7,11 +7,13 @@ Query row r sits at position context_len - n_q + r and sees keys 0..that positio
 Grid: (query tiles of BLOCK_M, sequences, query heads). Each program streams its keys in tiles of BLOCK_N,
 looking up each key's block in the block table (so any block size works), with the online softmax of
 FlashAttention: running max m, running sum l, rescaled accumulator. Scores use exp2 with the scale
-folded into log2(e). With an FP8 cache the tiles are converted to float16 in registers and the dots run in
-float16 (the query converted once, as in the decode kernel); with an INT8 cache both dots run on the INT8
-tensor cores on the cache's bytes (query and P rounded per row to INT8, as in the decode kernel). Either way
-the per-key scales are applied where they cost least: K's to the score columns, V's to the probability
-columns before the second dot (never a dequantized copy of the cache in memory).
+folded into log2(e). Only key tiles that reach the query tile's first position or the context's end are
+masked; the ones before it are visible to every row. With an FP8 cache the tiles are converted to float16
+in registers and the dots run in float16 (the query converted once, as in the decode kernel); with an INT8
+cache both dots run on the INT8 tensor cores on the cache's bytes (query and P rounded per row to INT8, as
+in the decode kernel). Either way the per-key scales are applied where they cost least: K's to the score
+columns, V's to the probability columns before the second dot (never a dequantized copy of the cache in
+memory).
 Reference: `paged_attention_ref`.
 """
 import torch
@@ -63,6 +65,8 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, o
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
         end = tl.minimum(context_len, context_len - q_len + (tile + 1) * BLOCK_M)
+        # keys before the tile's first position are visible to all its rows: tiles that end there need no mask
+        unmasked_end = context_len - q_len + tile * BLOCK_M + 1
         for start_n in range(0, end, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
             k, v, block, rows, key_ok = load_kv_tile(k_cache_ptr, v_cache_ptr, block_tables_ptr, seq, kv_head,
@@ -74,8 +78,9 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, o
                 s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION)
             if QUANT:   # K's per-key scales multiply the score columns
                 s = s * key_scales(k_scale_ptr, block, rows, kv_head, key_ok, stride_sb, BLOCK_SIZE)
-            visible = (offs_n[None, :] <= q_pos[:, None]) & key_ok[None, :]
-            p, alpha, m_i, l_i = online_softmax(tl.where(visible, s, float("-inf")), row_scale, m_i, l_i)
+            if start_n + BLOCK_N > unmasked_end:     # the causal diagonal or the context's end
+                s = tl.where((offs_n[None, :] <= q_pos[:, None]) & key_ok[None, :], s, float("-inf"))
+            p, alpha, m_i, l_i = online_softmax(s, row_scale, m_i, l_i)
             if QUANT:   # V's per-key scales multiply the probability columns (after l is updated)
                 p = p * key_scales(v_scale_ptr, block, rows, kv_head, key_ok, stride_sb, BLOCK_SIZE)
             if INT8_DOTS:

@@ -126,6 +126,24 @@ def test_quantized_cache_stores_v_in_key_groups_and_never_nan(kv_cache_dtype):
     assert cache.v_slots.float()[~written].abs().sum() == 0             # nothing else written
 
 
+
+@pytest.mark.parametrize("kv_cache_dtype", KV_DTYPES)
+def test_prefill_masks_keys_at_the_tile_edges(kv_cache_dtype):
+    """Chunks whose first query sits just before, at and just after a key-tile edge (a prefix hit or a later
+    chunk): key tiles that end before the first query run without the causal mask, so one key too many
+    there would leak a future key into the chunk's first rows. Checked row by row."""
+    from nanovllm.attention.triton_prefill import prefill_settings
+    head_dim = HEAD_DIMS[-1]
+    _, cache, _ = make_case([1], [1], 4, 2, head_dim, 16, DTYPES[0], DEVICE, kv_cache_dtype=kv_cache_dtype)
+    edge = prefill_settings(cache, head_dim, 64)["block_n"]
+    query_lens = [10, 9, 11, 1, 8]                                  # first positions edge-2, -1, -3, -1, +0
+    q, cache, meta = make_case(query_lens, [edge + 8] * 3 + [edge, edge + 8], 4, 2, head_dim, 16, DTYPES[0],
+                               DEVICE, kv_cache_dtype=kv_cache_dtype)
+    out = prefill_attention(q, cache, meta.block_tables, meta.context_lens, meta.cu_seqlens_q, 64, 0.1)
+    ref = paged_attention_ref(q, cache, meta, 0.1)
+    row_err = (out.float() - ref.float()).flatten(1).norm(dim=1) / ref.float().flatten(1).norm(dim=1)
+    assert row_err.max() < TOL[DTYPES[0]]
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("heads", GQA)
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
