@@ -73,7 +73,7 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, o
                                                      start_n, context_len, stride_bt, stride_cb, stride_cs,
                                                      stride_ch, BLOCK_SIZE, HEAD_DIM, BLOCK_N, V_GROUP)
             if INT8_DOTS:
-                s = int8_scores(q8, k)                                           # [BLOCK_M, BLOCK_N]
+                s = int8_scores(q8, k)                                        # [BLOCK_M, BLOCK_N]
             else:
                 s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION)
             if QUANT:   # K's per-key scales multiply the score columns

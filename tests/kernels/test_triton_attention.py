@@ -126,7 +126,6 @@ def test_quantized_cache_stores_v_in_key_groups_and_never_nan(kv_cache_dtype):
     assert cache.v_slots.float()[~written].abs().sum() == 0             # nothing else written
 
 
-
 @pytest.mark.parametrize("kv_cache_dtype", KV_DTYPES)
 def test_prefill_masks_keys_at_the_tile_edges(kv_cache_dtype):
     """Chunks whose first query sits just before, at and just after a key-tile edge (a prefix hit or a later
@@ -143,6 +142,7 @@ def test_prefill_masks_keys_at_the_tile_edges(kv_cache_dtype):
     ref = paged_attention_ref(q, cache, meta, 0.1)
     row_err = (out.float() - ref.float()).flatten(1).norm(dim=1) / ref.float().flatten(1).norm(dim=1)
     assert row_err.max() < TOL[DTYPES[0]]
+
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("heads", GQA)
