@@ -6,7 +6,8 @@
 #                                             KERNELS_K="decode" picks tests by name)
 #   bash tests/gpu/run_on_h200.sh quick     # decode attention on bench-like lengths, bench.py bf16
 #   bash tests/gpu/run_on_h200.sh tune      # decode launch settings per KV dtype ($TUNE_KV) -> attention/tuned/
-#   bash tests/gpu/run_on_h200.sh attention # decode attention microbenchmarks (64 x 8k, 256 x 100..2,048)
+#   bash tests/gpu/run_on_h200.sh attention # decode attention microbenchmarks (64 x 8k, 256 x 100..2,048,
+#                                             bench.py's decode steps by split factor)
 #   bash tests/gpu/run_on_h200.sh store     # store kernel: a bench prefill step (runs of prompt tokens or not), a decode step
 #   bash tests/gpu/run_on_h200.sh bench     # bench.py bf16/int8/fp8 (median of 3)
 #   bash tests/gpu/run_on_h200.sh profile   # decode step profile of bench.py's workload per KV dtype ($PROFILE_KV)
@@ -54,7 +55,9 @@ case "$mode" in
     timeout 35 python tests/kv_quant/bench_decode_attention.py --batch 64 --context 8192 2>&1 | tail -3
     timeout 40 python tests/kv_quant/bench_decode_attention.py --batch 256 --context 2048 --context-min 100 \
       2>&1 | tail -3
-    cp benchmark_results/kv_int8_cache/decode-attention-*.json "$OUT/" 2>/dev/null
+    timeout 90 python tests/kv_quant/bench_decode_steps.py 2>&1 | grep -v '"step"' | cut -c1-300
+    cp benchmark_results/kv_int8_cache/decode-attention-*.json benchmark_results/kv_int8_cache/decode-steps.json \
+      "$OUT/" 2>/dev/null
     ;;
   store)
     timeout 60 python tests/kv_quant/bench_store.py 2>&1 | tail -7 | cut -c1-160
