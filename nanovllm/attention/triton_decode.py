@@ -19,9 +19,11 @@ converted to float16 (one instruction per two values; to bfloat16 it takes sever
 FP8 cache the dots run in float16 (the query converted once). An INT8 tile is not converted at all: both
 dots run on the INT8 tensor cores (the query rounded per row to INT8 once, P times V's scales rounded per
 row of each tile; triton_tiles.int8_scores / int8_pv), which needs tiles of at least 32 keys.
-Launch settings (keys per tile, warps, pipeline stages) come per GPU model and KV cache dtype from
-tuned/decode-<GPU>.json, written by `tests/kv_quant/bench_decode_attention.py --sweep --write`, as vLLM
-ships tuned kernel configs per device; DEFAULT_SETTINGS elsewhere.
+Launch settings (keys per tile, warps, pipeline stages) come per GPU model, KV cache dtype and launch size
+(programs per SM, fixed per CUDA graph by its batch size) from tuned/decode-<GPU>.json, as vLLM ships tuned
+kernel configs per device; DEFAULT_SETTINGS elsewhere. `tests/kv_quant/bench_decode_steps.py --write`
+writes it from bench.py's decode steps timed in CUDA graphs: on the H200 an INT8 or FP8 cache runs full
+batches fastest as 2-warp programs over 64-key tiles, and fewer programs as larger ones over 128 keys.
 Reference: `paged_attention_ref` with one query per sequence.
 """
 import functools
@@ -55,15 +57,40 @@ def tuned_settings_path(gpu_name: str) -> str:
 
 
 @functools.cache
+def tuned_table(gpu_name: str) -> dict:
+    """This GPU model's measured launch settings ({} if never measured): "settings" per KV cache dtype, and
+    "many_programs" per dtype, a list of settings each for launches of at least its `min_programs_per_sm`
+    programs per SM (ascending)."""
+    return read_tuned(TUNED_DIR, "decode", gpu_name)
+
+
 def tuned_settings(gpu_name: str) -> dict[str, dict]:
     """KV cache dtype -> launch settings measured fastest on this GPU model ({} if never measured)."""
-    return read_tuned(TUNED_DIR, "decode", gpu_name).get("settings", {})
+    return tuned_table(gpu_name).get("settings", {})
 
 
-def launch_settings(cache: LayerKVCache) -> dict:
+def pick_settings(table: dict, kind: str, programs_per_sm: float) -> dict:
+    """The launch settings of a tuned table for this KV cache dtype and launch size. Many programs per SM
+    favour small ones (bench.py's full batches: 2 warps over 64-key tiles); fewer programs favour larger
+    ones, which keep more warps busy on each SM."""
+    settings = table.get("settings", {}).get(kind, DEFAULT_SETTINGS)
+    for tier in table.get("many_programs", {}).get(kind, []):    # ascending min_programs_per_sm
+        if programs_per_sm >= tier["min_programs_per_sm"]:
+            settings = {key: value for key, value in tier.items() if key != "min_programs_per_sm"}
+    return settings
+
+
+@functools.cache
+def num_sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def launch_settings(cache: LayerKVCache, num_programs: int = 0) -> dict:
+    """Tuned settings for this GPU model, KV cache dtype and number of programs (DEFAULT_SETTINGS on CPU)."""
     if not cache.k.is_cuda:
         return DEFAULT_SETTINGS
-    return tuned_settings(torch.cuda.get_device_name(cache.k.device)).get(kv_cache_kind(cache), DEFAULT_SETTINGS)
+    table = tuned_table(torch.cuda.get_device_name(cache.k.device))
+    return pick_settings(table, kv_cache_kind(cache), num_programs / num_sms(cache.k.device))
 
 
 __all__ = ["decode_attention", "paged_attention_ref"]
@@ -154,7 +181,7 @@ def decode_attention(q: torch.Tensor, cache: LayerKVCache, block_tables: torch.T
                      order: torch.Tensor | None = None) -> torch.Tensor:
     """q [num_seqs, num_heads, head_dim] (one token each) -> out of the same shape. `settings`: launch
     settings ({"block_n", "num_warps", "num_stages"} and optionally "maxnreg", a cap on registers per
-    thread), by default the tuned ones for this GPU.
+    thread), by default the tuned ones for this GPU and launch size.
     `order`: int32 [num_seqs], a permutation of the rows in the order to start them (longest context first;
     metadata.decode_order); it changes only the speed."""
     k_cache, v_cache = cache.k, cache.v
@@ -168,7 +195,7 @@ def decode_attention(q: torch.Tensor, cache: LayerKVCache, block_tables: torch.T
         part_acc = torch.empty(num_seqs * num_heads * num_splits, head_dim, dtype=torch.float32, device=q.device)
         part_ml = torch.empty(num_seqs * num_heads * num_splits, 2, dtype=torch.float32, device=q.device)
     k_scale, v_scale = (cache.k_scale, cache.v_scale) if cache.quantized else (k_cache, v_cache)
-    settings = settings or launch_settings(cache)
+    settings = settings or launch_settings(cache, num_seqs * num_kv_heads * num_splits)
     kind = kv_cache_kind(cache)
     # an INT8 mma multiplies 32-deep: P @ V needs at least 32 keys per tile
     block_n = max(settings["block_n"], INT8_MIN_BLOCK_N) if kind == "int8" else settings["block_n"]

@@ -5,9 +5,10 @@
 #   bash tests/gpu/run_on_h200.sh kernels   # kernel grid at real sizes (store/prefill/decode x dtypes x KV kinds;
 #                                             KERNELS_K="decode" picks tests by name)
 #   bash tests/gpu/run_on_h200.sh quick     # decode attention on bench-like lengths, bench.py bf16
-#   bash tests/gpu/run_on_h200.sh tune      # decode launch settings per KV dtype ($TUNE_KV) -> attention/tuned/
+#   bash tests/gpu/run_on_h200.sh tune      # decode launch settings per KV dtype and launch size ($TUNE_KV)
+#                                             -> attention/tuned/
 #   bash tests/gpu/run_on_h200.sh attention # decode attention microbenchmarks (64 x 8k, 256 x 100..2,048,
-#                                             bench.py's decode steps by split factor)
+#                                             bench.py's decode steps by split factor, in CUDA graphs)
 #   bash tests/gpu/run_on_h200.sh store     # store kernel: a bench prefill step (runs of prompt tokens or not), a decode step
 #   bash tests/gpu/run_on_h200.sh bench     # bench.py bf16/int8/fp8 (median of 3)
 #   bash tests/gpu/run_on_h200.sh profile   # decode step profile of bench.py's workload per KV dtype ($PROFILE_KV)
@@ -41,10 +42,12 @@ case "$mode" in
     cp benchmark_results/kv_int8_cache/decode-attention-b256-c2048-min100.json "$OUT/" 2>/dev/null
     timeout 85 python bench.py --out "$OUT/bench-auto.json" 2>&1 | tail -1
     ;;
-  tune)     # bench.py's decode batches: up to 256 sequences of 100 to 2,048 tokens; ~1.3 s per setting
-    timeout 400 python tests/kv_quant/bench_decode_attention.py --batch 256 --context 2048 --context-min 100 \
-      --kv-cache-dtype ${TUNE_KV:-auto int8 fp8} --sweep --write
-    cp nanovllm/attention/tuned/*.json benchmark_results/kv_int8_cache/decode-sweep-*.json "$OUT/"
+  tune)     # bench.py's decode steps timed in CUDA graphs per setting and split factor (~2 min for 3 dtypes)
+    timeout 300 python tests/kv_quant/bench_decode_steps.py --kv-cache-dtype ${TUNE_KV:-auto int8 fp8} \
+      --splits 1 2 8 --settings 128/4/2 64/2/3 64/4/2 64/2/2 128/2/3 128/2/2 --long 64x8192 \
+      --out "$OUT/decode-steps.json" --write \
+      2>&1 | grep -v '"step"' | cut -c1-400
+    cp nanovllm/attention/tuned/*.json "$OUT/"
     ;;
   bench)
     for kv in auto int8 fp8; do

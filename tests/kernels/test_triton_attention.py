@@ -220,13 +220,28 @@ def test_tuned_settings_are_read_per_gpu_model(tmp_path, monkeypatch):
 
     from nanovllm.attention import triton_decode
     monkeypatch.setattr(triton_decode, "TUNED_DIR", str(tmp_path))
-    triton_decode.tuned_settings.cache_clear()
+    triton_decode.tuned_table.cache_clear()
     best = {"int8": {"block_n": 128, "num_warps": 8, "num_stages": 2}}
     with open(triton_decode.tuned_settings_path("Some GPU"), "w") as f:
         json.dump({"settings": best}, f)
     assert triton_decode.tuned_settings("Some GPU") == best
     assert triton_decode.tuned_settings("Other GPU") == {}
-    triton_decode.tuned_settings.cache_clear()
+    triton_decode.tuned_table.cache_clear()
+
+
+def test_launches_of_many_programs_take_their_own_tuned_settings():
+    from nanovllm.attention.triton_decode import DEFAULT_SETTINGS, pick_settings
+    few, many = {"block_n": 128, "num_warps": 4, "num_stages": 2}, {"block_n": 64, "num_warps": 2, "num_stages": 3}
+    most = {"block_n": 32, "num_warps": 2, "num_stages": 2}
+    table = {"settings": {"int8": few, "fp8": few},
+             "many_programs": {"int8": [{"min_programs_per_sm": 6, **many}, {"min_programs_per_sm": 12, **most}]}}
+    assert pick_settings(table, "int8", 5.9) == few
+    assert pick_settings(table, "int8", 6) == many
+    assert pick_settings(table, "int8", 11.9) == many
+    assert pick_settings(table, "int8", 12) == most
+    assert pick_settings(table, "fp8", 100) == few
+    assert pick_settings(table, "auto", 100) == DEFAULT_SETTINGS
+    assert pick_settings({}, "int8", 100) == DEFAULT_SETTINGS
 
 
 def test_int8_dots_round_the_query_and_probabilities_as_the_reference_does():

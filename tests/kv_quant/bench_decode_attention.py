@@ -9,8 +9,10 @@ launch order (longest first), and the record also gives the time in batch order.
 values (and scales) of every context token, read once; the query and output are negligible. Prints one
 JSON line per dtype and writes them under benchmark_results/kv_int8_cache/.
 --sweep instead times each cache dtype over launch settings (keys per tile, warps, stages, register cap) and prints
-the fastest (every timing goes to decode-sweep-*.json); --write stores the winners in
-nanovllm/attention/tuned/decode-<GPU>.json, which decode_attention reads on that GPU model.
+the fastest (every timing goes to decode-sweep-*.json); --write stores the winners as the general settings in
+nanovllm/attention/tuned/decode-<GPU>.json, which decode_attention reads on that GPU model. These timings
+are eager (do_bench); the shipped table comes from tests/kv_quant/bench_decode_steps.py --write, which times
+bench.py's own decode steps in CUDA graphs and can give launches of many programs their own settings.
 """
 import argparse
 import itertools

@@ -1,31 +1,48 @@
-"""Decode attention over bench.py's decode steps: how the split-KV factor should follow the batch size.
+"""Decode attention over bench.py's decode steps, timed in CUDA graphs: which launch settings and split-KV
+factor each batch size wants.
 
-    python tests/kv_quant/bench_decode_steps.py [--kv-cache-dtype auto int8 fp8] [--every 32] [--splits 1 2 4 8]
+    python tests/kv_quant/bench_decode_steps.py [--kv-cache-dtype auto int8 fp8] [--every 32]
+        [--splits 1 2 4 8] [--settings 64/2/3 128/4/2 ...] [--long 64x8192] [--write]
+    python tests/kv_quant/bench_decode_steps.py --recompute decode-steps.json --write   # no GPU
 
 bench.py's batch starts at 256 sequences and shrinks as they finish (max_tokens 100..1,024) while their
 contexts grow (prompts 100..1,024). Every --every-th decode step is rebuilt here as the CUDA graph runs it
 (padded to the graph's batch size, padding rows of context 0, longest first) and one layer's decode attention
-is timed at each split-KV factor, combine kernel included. The step's time stands for --every steps; summed
-over the run and times the model's 28 layers it is the run's decode-attention seconds for each policy:
-the engine's (num_decode_splits), one factor for all, and the best factor per graph batch size.
+is timed for each launch setting (block_n/num_warps/num_stages: the engine's and --settings) at each split
+factor, combine kernel included, replayed from a CUDA graph (eager launches would time the host). The
+step's time stands for --every steps; summed over the run and times the model's 28 layers it is the run's
+decode-attention seconds for each policy: the engine's (its settings and num_decode_splits per step), each
+setting with the engine's split factors, and the best variant per graph batch size.
+--write stores, per dtype, settings per launch size (programs per SM, which the graph batch size fixes) in
+nanovllm/attention/tuned/decode-<GPU>.json: each size's fastest over its steps (and over --long batches,
+so that long contexts at that size count too), when they save 1% of the run over the tuned ones or only
+move a threshold. --recompute chooses them again from a saved JSON.
 Qwen3-0.6B attention shape; writes benchmark_results/kv_int8_cache/decode-steps.json.
 """
 import argparse
 import json
+import math
 import os
 import sys
 from collections import defaultdict
 from datetime import datetime, timezone
 
 import torch
-from triton.testing import do_bench
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 from bench import workload  # noqa: E402
 from nanovllm.attention.metadata import decode_order  # noqa: E402
-from nanovllm.attention.triton_decode import decode_attention, num_decode_splits  # noqa: E402
+from nanovllm.attention.triton_decode import (  # noqa: E402
+    decode_attention,
+    launch_settings,
+    num_decode_splits,
+    pick_settings,
+    tuned_settings_path,
+    tuned_table,
+)
 from nanovllm.engine.cuda_graph import graph_batch_sizes  # noqa: E402
 from nanovllm.quant.kv import LayerKVCache, quantize_ref, quantized_cache  # noqa: E402
+from nanovllm.utils.results import save_record  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE, LAYERS = 16, 8, 128, 256, 28
 MAX_MODEL_LEN = 4096      # bench.py's: the engine plans each graph's splits with it
@@ -51,44 +68,168 @@ def make_cache(kind: str, num_blocks: int) -> LayerKVCache:
     return quantized_cache(kq, vq, ks, vs)
 
 
-def time_steps(cache: LayerKVCache, steps, q, tables, split_factors: list[int], num_sms: int) -> list[dict]:
-    """One layer's decode attention at each sampled step (padded as its CUDA graph runs it), per split factor."""
+REPLAYS = 10      # decode calls per CUDA graph
+
+
+def graph_time_us(fn) -> float:
+    """GPU time of one call of fn, replayed from a CUDA graph as the engine runs it (eager launches of a
+    30-100 us kernel would time the host's launch cost instead)."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(REPLAYS):
+            fn()
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(3):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return 1e3 * start.elapsed_time(end) / (3 * REPLAYS)
+
+
+def parse_settings(text: str) -> dict:
+    block_n, num_warps, num_stages = map(int, text.split("/"))
+    return {"block_n": block_n, "num_warps": num_warps, "num_stages": num_stages}
+
+
+def programs_per_sm(graph_batch: int, splits: int, num_sms: int) -> float:
+    """Rounded down, so that a threshold taken from it admits the launch it came from."""
+    return math.floor(100 * graph_batch * KV_HEADS * splits / num_sms) / 100
+
+
+def label(settings: dict) -> str:
+    return "/".join(str(settings[key]) for key in ("block_n", "num_warps", "num_stages"))
+
+
+def time_steps(cache: LayerKVCache, steps, q, tables, variants: list[tuple[str, int]], num_sms: int) -> list[dict]:
+    """One layer's decode attention at each sampled step (padded as its CUDA graph runs it), for each
+    (launch settings, split factor); each variant's best of two alternating rounds."""
     sizes = graph_batch_sizes(256)
     n = len(steps[0][1])
     first = torch.tensor(steps[0][1], dtype=torch.int32, device="cuda")
-    for splits in split_factors:     # compile every factor first: a timing right after a compilation reads slow
-        decode_attention(q[:n], cache, tables[:n], first, 1.0, splits, order=torch.arange(n, device="cuda").int())
+    order0 = torch.arange(n, device="cuda").int()
+    # compile every variant first (a timing right after a compilation reads slow), and drop any whose output
+    # differs from the first's: a broken configuration must not win (INT8 rounds P per tile, so tiles of
+    # another length differ slightly)
+    ref = decode_attention(q[:n], cache, tables[:n], first, 1.0, variants[0][1], parse_settings(variants[0][0]),
+                           order=order0).float()
+    atol = 4e-2 if cache.k.dtype == torch.int8 else 2e-2
+    for settings, splits in list(variants):
+        out = decode_attention(q[:n], cache, tables[:n], first, 1.0, splits, parse_settings(settings), order=order0)
+        if not torch.allclose(out.float(), ref, atol=atol, rtol=2e-2):
+            print(json.dumps({"dropped": [settings, splits]}), flush=True)
+            variants.remove((settings, splits))
+    torch.cuda.synchronize()
     per_step = []
     for step, running in steps:
         graph_bs = next(s for s in sizes if s >= len(running))
         lens = running + [0] * (graph_bs - len(running))
         order = torch.from_numpy(decode_order(lens)).cuda()
         ctx = torch.tensor(lens, dtype=torch.int32, device="cuda")
-        us = {}
-        for splits in split_factors:
-            us[splits] = round(1e3 * do_bench(
-                lambda: decode_attention(q[:graph_bs], cache, tables[:graph_bs], ctx, HEAD_DIM ** -0.5, splits,
-                                         order=order), warmup=5, rep=25, return_mode="median"), 2)
+        us = defaultdict(dict)
+        for _ in range(2):
+            for settings, splits in variants:
+                t = graph_time_us(lambda: decode_attention(q[:graph_bs], cache, tables[:graph_bs], ctx,
+                                                           HEAD_DIM ** -0.5, splits, parse_settings(settings),
+                                                           order=order))
+                us[settings][splits] = round(min(us[settings].get(splits, 1e9), t), 2)
+        splits = num_decode_splits(graph_bs, KV_HEADS, MAX_MODEL_LEN, num_sms)
         per_step.append({"step": step, "batch": len(running), "graph_batch": graph_bs,
-                         "mean_context": round(sum(running) / len(running)),
-                         "engine_splits": num_decode_splits(graph_bs, KV_HEADS, MAX_MODEL_LEN, num_sms), "us": us})
+                         "mean_context": round(sum(running) / len(running)), "engine_splits": splits,
+                         "programs_per_sm": programs_per_sm(graph_bs, splits, num_sms),
+                         "engine_settings": label(launch_settings(cache, graph_bs * KV_HEADS * splits)), "us": us})
     return per_step
 
 
-def totals(per_step: list[dict], every: int, split_factors: list[int]) -> dict:
-    """Seconds of decode attention per bench.py run (each sampled step stands for `every` steps, 28 layers)."""
+def totals(per_step: list[dict], every: int) -> dict:
+    """Seconds of decode attention per bench.py run (each sampled step stands for `every` steps, 28 layers):
+    the engine's policy (its settings and split factor per step), each setting with the engine's split
+    factor, and the best variant per graph batch size."""
     scale = every * LAYERS / 1e6
+    per_step = [r for r in per_step if isinstance(r["step"], int)]     # bench.py's steps only
     by_graph = defaultdict(lambda: defaultdict(float))
     for r in per_step:
-        for s, t in r["us"].items():
-            by_graph[r["graph_batch"]][s] += t
+        for settings, by_split in r["us"].items():
+            for splits, t in by_split.items():
+                by_graph[r["graph_batch"]][(settings, splits)] += t
+    best = {bs: min(t, key=t.get) for bs, t in sorted(by_graph.items())}
     return {
-        "engine_policy_s": round(scale * sum(r["us"][r["engine_splits"]] for r in per_step
-                                             if r["engine_splits"] in r["us"]), 4),
-        "fixed_splits_s": {s: round(scale * sum(r["us"][s] for r in per_step), 4) for s in split_factors},
-        "best_per_graph_batch_s": round(scale * sum(min(t.values()) for t in by_graph.values()), 4),
-        "best_splits_per_graph_batch": {bs: min(t, key=t.get) for bs, t in sorted(by_graph.items())},
+        "engine_policy_s": round(scale * sum(r["us"][r["engine_settings"]][r["engine_splits"]] for r in per_step), 4),
+        "engine_splits_by_settings_s": {
+            settings: round(scale * sum(r["us"][settings][r["engine_splits"]] for r in per_step), 4)
+            for settings in per_step[0]["us"]},
+        "best_per_graph_batch_s": round(scale * sum(by_graph[bs][v] for bs, v in best.items()), 4),
+        "best_per_graph_batch": {bs: f"{settings} x{splits}" for bs, (settings, splits) in best.items()},
     }
+
+
+SIZE_GAIN = 0.03   # a launch size changes settings only if that saves this much of its steps' time
+RUN_GAIN = 0.01    # and new tiers replace the tuned ones only if they save this much of the run
+
+
+def tuned_tiers(per_step: list[dict], current: str) -> list[tuple[float, str]]:
+    """[(least programs per SM, settings)], ascending from 0. Each launch size (programs per SM, which each
+    graph batch size fixes) gets the setting with the least time over its steps, bench.py's and --long
+    workloads' alike; it keeps the setting of the size below (the current general one for the smallest)
+    unless its own best saves SIZE_GAIN there, so that noise does not flip the tuned file."""
+    by_size = defaultdict(list)
+    for r in per_step:
+        by_size[r["programs_per_sm"]].append(r)
+
+    def cost(rows: list[dict], settings: str) -> float:
+        return sum(r["us"][settings][r["engine_splits"]] for r in rows)
+
+    tiers = []
+    for size in sorted(by_size):
+        rows = by_size[size]
+        best = min(rows[0]["us"], key=lambda settings: cost(rows, settings))
+        below = tiers[-1][1] if tiers else current
+        if cost(rows, below) <= (1 + SIZE_GAIN) * cost(rows, best):
+            best = below
+        if not tiers or best != tiers[-1][1]:
+            tiers.append((size if tiers else 0.0, best))
+    return tiers
+
+
+def tiers_total_s(per_step: list[dict], tiers: list[tuple[float, str]] | None, every: int,
+                  with_long: bool = False) -> float:
+    """Decode-attention seconds per bench.py run with these tiers (None: the engine's settings per step);
+    with_long adds the --long batches, each weighed like one sampled step."""
+    def pick(r: dict) -> str:
+        if tiers is None:
+            return r["engine_settings"]
+        return [settings for least, settings in tiers if r["programs_per_sm"] >= least][-1]
+    return round(every * LAYERS / 1e6 * sum(r["us"][pick(r)][r["engine_splits"]] for r in per_step
+                                            if with_long or isinstance(r["step"], int)), 4)
+
+
+def choose_tiers(record: dict, every: int, current: list[str]) -> dict:
+    """The record's tiers, their run total, and whether they replace the tuned ones (`current`: their
+    settings, smallest launches first): if they save RUN_GAIN over the engine's settings, bench.py's steps
+    and the --long batches counted together, or change only the thresholds."""
+    steps = record["steps"]
+    tiers = tuned_tiers(steps, current[0])
+    saves = tiers_total_s(steps, tiers, every, True) < (1 - RUN_GAIN) * tiers_total_s(steps, None, every, True)
+    return {"tiers": tiers, "tiers_s": tiers_total_s(steps, tiers, every),
+            "tiers_replace_tuned": saves or [settings for _, settings in tiers] == current}
+
+
+def write_tuned(records: list[dict], command: str, gpu: str) -> None:
+    """Store each dtype's tiers in nanovllm/attention/tuned/decode-<GPU>.json: the first as its general
+    settings, the others under "many_programs" with their least programs per SM."""
+    table = dict(tuned_table(gpu))
+    table.pop("note", None)          # it described the values being replaced
+    settings, many_programs = dict(table.get("settings", {})), dict(table.get("many_programs", {}))
+    for rec in (r for r in records if r["tiers_replace_tuned"]):
+        kind, tiers = rec["kv_cache_dtype"], rec["tiers"]
+        settings[kind] = parse_settings(tiers[0][1])
+        many_programs.pop(kind, None)
+        if len(tiers) > 1:
+            many_programs[kind] = [{"min_programs_per_sm": least, **parse_settings(s)} for least, s in tiers[1:]]
+    table.update(settings=settings, many_programs=many_programs, gpu=gpu, command=command,
+                 date=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    save_record(table, tuned_settings_path(gpu))
 
 
 def main():
@@ -96,27 +237,65 @@ def main():
     parser.add_argument("--kv-cache-dtype", nargs="+", default=["auto", "int8", "fp8"])
     parser.add_argument("--every", type=int, default=32)
     parser.add_argument("--splits", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--settings", nargs="*", default=[],
+                        help="launch settings block_n/num_warps/num_stages to time besides the tuned ones")
     parser.add_argument("--out", default="benchmark_results/kv_int8_cache/decode-steps.json")
+    parser.add_argument("--long", nargs="*", default=[], metavar="BATCHxCONTEXT",
+                        help="uniform long-context batches (e.g. 64x8192) weighed like one sampled step each "
+                             "when tiers are chosen (not in the run totals)")
+    parser.add_argument("--recompute", metavar="JSON",
+                        help="choose the tiers again from a JSON this script wrote (no GPU needed)")
+    parser.add_argument("--write", action="store_true",
+                        help="store each dtype's settings per launch size in "
+                             "nanovllm/attention/tuned/decode-<GPU>.json")
     args = parser.parse_args()
+    if args.recompute:
+        with open(args.recompute) as f:
+            meta = json.load(f)
+        records = meta.pop("records")
+        table = tuned_table(meta["gpu"])
+        for rec in records:
+            for r in rec["steps"]:
+                r["programs_per_sm"] = programs_per_sm(r["graph_batch"], r["engine_splits"], meta.get("num_sms", 132))
+                r["us"] = {settings: {int(n): t for n, t in by_split.items()} for settings, by_split in r["us"].items()}
+            current = list(dict.fromkeys(label(pick_settings(table, rec["kv_cache_dtype"], per_sm))
+                                         for per_sm in range(64)))
+            rec.update(choose_tiers(rec, meta["every"], current))
+        meta["tiers_recomputed_by"] = "python " + " ".join(sys.argv)
+    else:
+        meta, records = measure(args)
+    with open(args.out, "w") as f:
+        json.dump({**meta, "records": records}, f, indent=1)
+    if args.write:
+        write_tuned(records, meta.get("tiers_recomputed_by", meta["command"]) + f" (timings: {meta['command']}, "
+                    f"{meta['date']})", meta["gpu"])
+
+
+def measure(args) -> tuple[dict, list[dict]]:
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     steps = bench_steps(args.every)
-    max_blocks = MAX_MODEL_LEN // BLOCK_SIZE
+    for shape in args.long:
+        batch, context = map(int, shape.split("x"))
+        steps.append((shape, [context] * batch))
+    max_blocks = max(MAX_MODEL_LEN, *(max(lens) for _, lens in steps)) // BLOCK_SIZE
     tables = torch.randperm(256 * max_blocks, device="cuda").view(256, max_blocks).int()
     q = torch.randn(256, HEADS, HEAD_DIM, dtype=torch.bfloat16, device="cuda")
     records = []
     for kind in args.kv_cache_dtype:
-        per_step = time_steps(make_cache(kind, 256 * max_blocks), steps, q, tables, args.splits, num_sms)
+        cache = make_cache(kind, 256 * max_blocks)
+        engine = list(dict.fromkeys(label(launch_settings(cache, per_sm * num_sms)) for per_sm in range(64)))
+        variants = [(s, n) for s in dict.fromkeys([*engine, *args.settings]) for n in args.splits]
+        per_step = time_steps(cache, steps, q, tables, variants, num_sms)
         for r in per_step:
             print(json.dumps({"kv": kind, **r}), flush=True)
-        records.append({"kv_cache_dtype": kind, **totals(per_step, args.every, args.splits), "steps": per_step})
+        records.append({"kv_cache_dtype": kind, **totals(per_step, args.every), "steps": per_step})
+        records[-1].update(choose_tiers(records[-1], args.every, engine))
         print(json.dumps({k: v for k, v in records[-1].items() if k != "steps"}), flush=True)
-    meta = {"gpu": torch.cuda.get_device_name(), "command": "python " + " ".join(sys.argv),
+    meta = {"gpu": torch.cuda.get_device_name(), "num_sms": num_sms, "command": "python " + " ".join(sys.argv),
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "every": args.every,
             "layers": LAYERS}
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump({**meta, "records": records}, f, indent=1)
-
+    return meta, records
 
 if __name__ == "__main__":
     main()
