@@ -6,6 +6,7 @@ from nanovllm.attention.triton_decode import decode_attention, num_decode_splits
 from nanovllm.attention.triton_prefill import prefill_attention
 from nanovllm.attention.triton_store import store_step_kv
 from nanovllm.quant.kv import LayerKVCache
+from nanovllm.utils.tuned import num_sms
 
 
 class TritonBackend:
@@ -16,8 +17,8 @@ class TritonBackend:
 
     def plan_decode(self, num_seqs: int, num_kv_heads: int, max_context_len: int) -> int:
         """Split-KV factor: enough programs to fill every SM when the batch alone does not."""
-        num_sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-        return num_decode_splits(num_seqs, num_kv_heads, max_context_len, num_sms)
+        device = torch.device("cuda", torch.cuda.current_device())
+        return num_decode_splits(num_seqs, num_kv_heads, max_context_len, num_sms(device))
 
     def kv_cache_shape(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int):
         if head_dim & (head_dim - 1):

@@ -45,7 +45,7 @@ from nanovllm.attention.triton_tiles import (
     online_softmax,
 )
 from nanovllm.quant.kv import LayerKVCache
-from nanovllm.utils.tuned import read_tuned, tuned_path
+from nanovllm.utils.tuned import device_name, num_sms, read_tuned, tuned_path
 
 DEFAULT_SETTINGS = {"block_n": 64, "num_warps": 4, "num_stages": 3}
 INT8_MIN_BLOCK_N = 32
@@ -80,16 +80,11 @@ def pick_settings(table: dict, kind: str, programs_per_sm: float) -> dict:
     return settings
 
 
-@functools.cache
-def num_sms(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def launch_settings(cache: LayerKVCache, num_programs: int = 0) -> dict:
     """Tuned settings for this GPU model, KV cache dtype and number of programs (DEFAULT_SETTINGS on CPU)."""
     if not cache.k.is_cuda:
         return DEFAULT_SETTINGS
-    table = tuned_table(torch.cuda.get_device_name(cache.k.device))
+    table = tuned_table(device_name(cache.k.device))
     return pick_settings(table, kv_cache_kind(cache), num_programs / num_sms(cache.k.device))
 
 

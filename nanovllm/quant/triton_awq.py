@@ -24,7 +24,7 @@ import triton.language as tl
 
 from nanovllm.attention.torch_ref import dot_precision
 from nanovllm.quant.awq import awq_gemm_ref, dequantize_packed
-from nanovllm.utils.tuned import read_tuned, tuned_path
+from nanovllm.utils.tuned import device_name, num_sms, read_tuned, tuned_path
 
 __all__ = ["awq_gemm", "awq_gemm_ref", "awq_dequantize", "dequantize_packed"]
 DEQUANT_MIN_TOKENS = 128   # without a measured table: from this many tokens on, dequantize once + cuBLAS
@@ -150,20 +150,9 @@ def split_k_buffers(M: int, N: int, split_k: int, x: torch.Tensor) -> tuple[torc
     return out, partial, tile_counters(x.device)
 
 
-@functools.cache
-def device_name(device: torch.device) -> str:
-    """The GPU model that tuned tables are keyed by (looked up once per device, not per call)."""
-    return torch.cuda.get_device_name(device)
-
-
 def split_k_for(per_sm: int, tiles: int, num_groups: int, device: torch.device) -> int:
     """K splits that put ~per_sm programs on every SM for `tiles` output tiles, in whole groups (>= 1 each)."""
     return max(1, min(triton.cdiv(per_sm * num_sms(device), tiles), num_groups))
-
-
-@functools.cache
-def num_sms(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
 
 
 AWQ_METHODS = ("gemv", "fused", "dequant")

@@ -26,14 +26,13 @@ from nanovllm.quant.triton_awq import (
     MAGIC_BITS,
     MAX_TILES,
     TUNED_DIR,
-    device_name,
     finish_split_k,
     magic_nibble,
     measured_at,
     split_k_buffers,
     split_k_for,
 )
-from nanovllm.utils.tuned import read_tuned
+from nanovllm.utils.tuned import device_name, read_tuned
 
 __all__ = ["awq_gemv", "awq_gemm_ref"]
 

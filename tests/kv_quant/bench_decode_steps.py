@@ -29,7 +29,10 @@ from datetime import datetime, timezone
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.join(HERE, "..", ".."), os.path.join(HERE, "..")]    # bench.py; tests/attention_cases.py
+from attention_cases import make_cache  # noqa: E402
+
 from bench import workload  # noqa: E402
 from nanovllm.attention.metadata import decode_order  # noqa: E402
 from nanovllm.attention.triton_decode import (  # noqa: E402
@@ -41,8 +44,9 @@ from nanovllm.attention.triton_decode import (  # noqa: E402
     tuned_table,
 )
 from nanovllm.engine.cuda_graph import graph_batch_sizes  # noqa: E402
-from nanovllm.quant.kv import LayerKVCache, quantize_ref, quantized_cache  # noqa: E402
+from nanovllm.quant.kv import LayerKVCache  # noqa: E402
 from nanovllm.utils.results import save_record  # noqa: E402
+from nanovllm.utils.tuned import num_sms as sm_count  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE, LAYERS = 16, 8, 128, 256, 28
 MAX_MODEL_LEN = 4096      # bench.py's: the engine plans each graph's splits with it
@@ -59,13 +63,9 @@ def bench_steps(every: int) -> list[tuple[int, list[int]]]:
     return steps
 
 
-def make_cache(kind: str, num_blocks: int) -> LayerKVCache:
-    shape = (num_blocks, BLOCK_SIZE, KV_HEADS, HEAD_DIM)
-    k, v = (torch.randn(shape, dtype=torch.bfloat16, device="cuda") for _ in range(2))
-    if kind == "auto":
-        return LayerKVCache(k, v)
-    (kq, ks), (vq, vs) = quantize_ref(k, kind), quantize_ref(v, kind)
-    return quantized_cache(kq, vq, ks, vs)
+def make_layer_cache(kind: str, num_blocks: int) -> LayerKVCache:
+    """One layer's cache of random K/V (the kernel tests' attention_cases.make_cache at this shape)."""
+    return make_cache((num_blocks, BLOCK_SIZE, KV_HEADS, HEAD_DIM), torch.bfloat16, "cuda", kind)
 
 
 REPLAYS = 10      # decode calls per CUDA graph
@@ -272,7 +272,7 @@ def main():
 
 
 def measure(args) -> tuple[dict, list[dict]]:
-    num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    num_sms = sm_count(torch.device("cuda", 0))
     steps = bench_steps(args.every)
     for shape in args.long:
         batch, context = map(int, shape.split("x"))
@@ -282,7 +282,7 @@ def measure(args) -> tuple[dict, list[dict]]:
     q = torch.randn(256, HEADS, HEAD_DIM, dtype=torch.bfloat16, device="cuda")
     records = []
     for kind in args.kv_cache_dtype:
-        cache = make_cache(kind, 256 * max_blocks)
+        cache = make_layer_cache(kind, 256 * max_blocks)
         engine = list(dict.fromkeys(label(launch_settings(cache, per_sm * num_sms)) for per_sm in range(64)))
         variants = [(s, n) for s in dict.fromkeys([*engine, *args.settings]) for n in args.splits]
         per_step = time_steps(cache, steps, q, tables, variants, num_sms)

@@ -16,7 +16,7 @@ import torch
 
 sys.path.insert(0, os.getcwd())
 sys.path.insert(0, os.path.join(os.getcwd(), "tests", "kv_quant"))
-from bench_decode_steps import BLOCK_SIZE, HEAD_DIM, HEADS, KV_HEADS, bench_steps, make_cache  # noqa: E402
+from bench_decode_steps import BLOCK_SIZE, HEAD_DIM, HEADS, KV_HEADS, bench_steps, make_layer_cache  # noqa: E402
 
 from nanovllm.attention.metadata import decode_order  # noqa: E402
 from nanovllm.attention.triton_decode import decode_attention, launch_settings, num_decode_splits  # noqa: E402
@@ -77,7 +77,7 @@ def main():
     q = torch.randn(256, HEADS, HEAD_DIM, dtype=torch.bfloat16, device="cuda")
     results = []
     for kind in args.kv_cache_dtype:
-        cache = make_cache(kind, 256 * max_blocks)
+        cache = make_layer_cache(kind, 256 * max_blocks)
         graphs, alive = {}, []     # a graph reads its inputs at their captured addresses: keep them
         for name, lens in loads.items():
             bs = len(lens)
