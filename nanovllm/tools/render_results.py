@@ -50,7 +50,7 @@ def awq_rows(root: str) -> list[str]:
     rows = ["| AWQ vs bf16 | weight memory AWQ/bf16 | TPOT batch 1 bf16 / AWQ (ms) | AWQ/bf16 TPOT "
             "| batch-256 tok/s bf16 / AWQ | AWQ/bf16 throughput | GPU | date | file |",
             "|---|---|---|---|---|---|---|---|---|"]
-    for path, record in load_records(root, "quantization_int_4/awq_vs_bf16.json"):
+    for path, record in load_records(root, "quantization_int_4/awq_vs_bf16*.json"):
         for r in record["rows"]:
             bf16, awq = r["bf16"].get("throughput"), r["awq"].get("throughput")
             speed = (f"{bf16['tokens_per_s']:,.0f} / {awq['tokens_per_s']:,.0f} | {r['throughput_ratio']:.2f}"

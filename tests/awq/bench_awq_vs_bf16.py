@@ -24,7 +24,10 @@ def measure(model: str, weights: str, num_seqs: int) -> dict:
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--models", nargs="+", default=["Qwen3-0.6B", "Qwen3-8B"])
-    parser.add_argument("--num-seqs", type=int, default=256)
+    parser.add_argument("--num-seqs", type=int, default=256, help="0: TPOT at batch 1 only")
+    parser.add_argument("--out", default=os.path.join(OUT_DIR, "awq_vs_bf16.json"),
+                        help="the JSON (README renders quantization_int_4/awq_vs_bf16*.json); the report goes beside "
+                             "it, report.md for the default name")
     args = parser.parse_args()
     rows, lines = [], ["| model | weight memory AWQ/bf16 | TPOT batch 1 bf16 / AWQ (ms) | AWQ/bf16 TPOT | "
                        "throughput bf16 / AWQ (tok/s) | AWQ/bf16 throughput |", "|---|---|---|---|---|---|"]
@@ -41,12 +44,14 @@ def main():
         lines.append(f"| {model} | {row['weight_memory_ratio']:.3f} | {bf16['tpot_ms_batch1']:.2f} / "
                      f"{awq['tpot_ms_batch1']:.2f} | {row['tpot_ratio']:.2f} | {tp} |")
         print(json.dumps(row))
-    os.makedirs(OUT_DIR, exist_ok=True)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     record = {"rows": rows, "command": "python " + " ".join(sys.argv),
               "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-    with open(os.path.join(OUT_DIR, "awq_vs_bf16.json"), "w") as f:
+    with open(args.out, "w") as f:
         json.dump(record, f, indent=2)
-    with open(os.path.join(OUT_DIR, "report.md"), "w") as f:
+    stem = os.path.splitext(os.path.basename(args.out))[0]
+    report = os.path.join(os.path.dirname(args.out), "report.md" if stem == "awq_vs_bf16" else f"report-{stem}.md")
+    with open(report, "w") as f:
         f.write(f"# AWQ vs bf16 ({rows[0]['bf16']['gpu']}, {record['date']})\n\n`{record['command']}`\n\n")
         f.write("\n".join(lines) + "\n")
 

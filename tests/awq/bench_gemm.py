@@ -5,7 +5,9 @@ dequantize + cuBLAS, and bf16 cuBLAS, by token count.
 (GPU time: CUDA events around a CUDA graph that calls the method once on each of several copies of the
 layer, so that the weights come from memory, not the L2 cache, and CPU launch costs stay out, as in the
 model) and writes benchmark_results/quantization_int_4/awq_gemm.json. --sweep-gemv first times the GEMV
-kernel's settings (columns per program, split-K, warps) per shape and token count and keeps the fastest.
+kernel's settings (columns per program, split-K, warps) per shape and token count and keeps the fastest;
+at one token, where the Gluon GEMV (quant/gluon_awq_gemv.py) is what "gemv" runs, also its split-K, and the
+Triton kernel's time is kept beside it as `triton_gemv_us`.
 With --write, the fastest method per token count (per layer shape, and summed over the layers for shapes
 not measured) and the GEMV settings go to nanovllm/quant/tuned/awq-<GPU>.json, which `awq_gemm` then
 follows on that GPU model; `--from FILE... --write` merges saved awq_gemm JSONs into --out and derives
@@ -24,6 +26,8 @@ import triton
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from nanovllm.quant.awq import kernel_layout  # noqa: E402
 from nanovllm.quant.awq_quantize import to_awq_tensors  # noqa: E402
+from nanovllm.quant.gluon_awq_gemv import BLOCK_N as GLUON_BLOCK_N  # noqa: E402
+from nanovllm.quant.gluon_awq_gemv import gluon_awq_gemv, gluon_supported  # noqa: E402
 from nanovllm.quant.triton_awq import (  # noqa: E402
     AWQ_METHODS,
     GEMV_MAX_TOKENS,
@@ -73,7 +77,7 @@ def time_us(layers: list, fn) -> float:
 
 
 def sweep_gemv(layers: list, x: torch.Tensor, k: int, n: int) -> tuple[list[int], list[dict]]:
-    """The fastest [block_n, split_k, num_warps] for the GEMV kernel, and every timing."""
+    """The fastest [block_n, split_k, num_warps] for the Triton GEMV kernel, and every timing."""
     timings, tried, num_warps = [], set(), 4      # 4 won most H200 sweeps that also tried 2 and 8 warps
     for block_n in (64, 128):
         for per_sm in (1, 2, 4, 8):
@@ -82,19 +86,36 @@ def sweep_gemv(layers: list, x: torch.Tensor, k: int, n: int) -> tuple[list[int]
                 continue
             tried.add((block_n, split_k))
             us = time_us(layers, lambda t, _: awq_gemv(x, t["qweight"], t["zeros"], t["scales"], 128,
-                                                       block_n=block_n, split_k=split_k, num_warps=num_warps))
+                                                       block_n=block_n, split_k=split_k, num_warps=num_warps,
+                                                       kernel="triton"))
             timings.append({"block_n": block_n, "split_k": split_k, "num_warps": num_warps, "us": round(us, 2)})
     best = min(timings, key=lambda row: row["us"])
     return [best["block_n"], best["split_k"], best["num_warps"]], timings
 
 
-def time_methods(layers: list, x: torch.Tensor, k: int, n: int, gemv_settings: list[int] | None) -> dict:
+def sweep_gluon(layers: list, x: torch.Tensor, k: int, n: int) -> tuple[int, list[dict]]:
+    """The fastest split-K for the Gluon GEMV (one token), and every timing."""
+    timings = []
+    for per_sm in (2, 3, 4, 6, 8):
+        split_k = split_k_for(per_sm, triton.cdiv(n, GLUON_BLOCK_N), k // 128, x.device)
+        if split_k not in (row["split_k"] for row in timings):
+            us = time_us(layers, lambda t, _: gluon_awq_gemv(x, t["qweight"], t["zeros"], t["scales"], split_k))
+            timings.append({"split_k": split_k, "us": round(us, 2)})
+    return min(timings, key=lambda row: row["us"])["split_k"], timings
+
+
+def time_methods(layers: list, x: torch.Tensor, k: int, n: int, gemv_settings: list[int] | None,
+                 gluon_split: int | None = None) -> dict:
+    """GPU microseconds per method; "gemv" at the settings given (the Gluon kernel's split where it runs)."""
     m = x.shape[0]
     gemv = dict(zip(("block_n", "split_k", "num_warps"), gemv_settings or []))
     row = {"bf16_us": time_us(layers, lambda _, w_bf16: x @ w_bf16)}
+    if gluon_supported(x, 128):     # "gemv" is then the Gluon kernel: the Triton one for comparison
+        row["triton_gemv_us"] = time_us(layers, lambda t, _: awq_gemv(x, t["qweight"], t["zeros"], t["scales"], 128,
+                                                                      kernel="triton", **gemv))
     for method, key in TIMING_KEYS.items():
         runs = method != "gemv" or m <= GEMV_MAX_TOKENS
-        settings = gemv if method == "gemv" else {}
+        settings = {} if method != "gemv" else ({"split_k": gluon_split} if gluon_supported(x, 128) else gemv)
         row[key] = time_us(layers, lambda t, _: awq_gemm(x, t["qweight"], t["zeros"], t["scales"], 128,
                                                           method=method, **settings)) if runs else None
     row["bf16_weight_gb_per_s"] = 2 * k * n / row["bf16_us"] / 1e3
@@ -128,11 +149,15 @@ def main():
         for m in args.tokens:
             x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
             settings, sweep = sweep_gemv(layers, x, k, n) if args.sweep_gemv and m <= GEMV_MAX_TOKENS else (None, None)
+            gluon_split, gluon_sweep = (sweep_gluon(layers, x, k, n) if args.sweep_gemv and gluon_supported(x, 128)
+                                        else (None, None))
             row = {"layer": name, "k": k, "n": n, "tokens": m, "weight_copies": len(layers),
-                   **time_methods(layers, x, k, n, settings), "dequant_only_us": dequant_us}
+                   **time_methods(layers, x, k, n, settings, gluon_split), "dequant_only_us": dequant_us}
             row = {key: round(v, 2) if isinstance(v, float) else v for key, v in row.items()}
             if settings:
                 row.update(gemv_settings=settings, gemv_sweep=sweep)
+            if gluon_split:
+                row.update(gluon_split_k=gluon_split, gluon_sweep=gluon_sweep)
             rows.append(row)
             print({key: v for key, v in row.items() if key != "gemv_sweep"}, flush=True)
         del layers
@@ -145,11 +170,13 @@ def main():
 
 
 def merge_saved(paths: list[str]) -> dict:
+    """The rows of all files; a layer and token count measured again in a later file replaces the earlier row."""
     records = []
     for path in paths:
         with open(path) as f:
             records.append(json.load(f))
-    return {**records[0], "rows": [row for record in records for row in record["rows"]],
+    rows = {(row["k"], row["n"], row["tokens"]): row for record in records for row in record["rows"]}
+    return {**records[-1], "rows": list(rows.values()),
             "command": " + ".join(record["command"] for record in records)}
 
 
@@ -161,8 +188,10 @@ def write_tuned(record: dict, command: str) -> None:
     for row in rows:
         if row.get("gemv_settings"):
             gemv.setdefault(f"{row['k']}x{row['n']}", {})[str(row["tokens"])] = row["gemv_settings"]
+    gluon = {f"{row['k']}x{row['n']}": row["gluon_split_k"] for row in rows if row.get("gluon_split_k")}
     save_record({"fastest": fastest_methods(rows), "fastest_by_shape": by_shape, "gemv_by_shape": gemv,
-                 "gpu": record["gpu"], "command": command, "date": record["date"]}, tuned_methods_path(record["gpu"]))
+                 "gluon_gemv_by_shape": gluon, "gpu": record["gpu"], "command": command, "date": record["date"]},
+                tuned_methods_path(record["gpu"]))
 
 
 def fastest_methods(rows: list[dict]) -> dict[str, str]:
@@ -171,7 +200,7 @@ def fastest_methods(rows: list[dict]) -> dict[str, str]:
     for tokens in sorted({row["tokens"] for row in rows}):
         at = [row for row in rows if row["tokens"] == tokens]
         totals = {method: sum(row[TIMING_KEYS[method]] for row in at) for method in AWQ_METHODS
-                  if all(row[TIMING_KEYS[method]] is not None for row in at)}
+                  if all(row.get(TIMING_KEYS[method]) is not None for row in at)}
         fastest[str(tokens)] = min(totals, key=totals.get)
     return fastest
 

@@ -66,3 +66,34 @@ def test_default_gemv_settings_fill_the_gpu():
     assert default_settings(2, 256, 4096, 128, cpu) == (64, 4, 4)
     assert default_settings(8, 256, 4096, 128, cpu) == (64, 2, 4)
     assert default_settings(1, 256, 256, 128, cpu) == (64, 2, 4)              # at most one group per split
+
+
+def test_measured_gluon_splits_are_followed(tmp_path, monkeypatch):
+    """--sweep-gemv rows with the Gluon kernel's split -> gluon_gemv_by_shape -> the split it launches with."""
+    pytest.importorskip("triton")
+    from awq.bench_gemm import write_tuned
+    from nanovllm.quant import gluon_awq_gemv, triton_awq
+    rows = [{"k": 4096, "n": 6144, "tokens": 1, "fused_us": 2.0, "gemv_us": 1.0, "dequant_matmul_us": 3.0,
+             "gluon_split_k": 11}, {"k": 4096, "n": 6144, "tokens": 2, "fused_us": 2.0, "gemv_us": 1.0,
+                                    "dequant_matmul_us": 3.0}]
+    monkeypatch.setattr(triton_awq, "TUNED_DIR", str(tmp_path))
+    monkeypatch.setattr(gluon_awq_gemv, "TUNED_DIR", str(tmp_path))
+    gluon_awq_gemv.tuned_split.cache_clear()
+    write_tuned({"rows": rows, "gpu": "Some GPU", "date": "today"}, "test")
+    assert gluon_awq_gemv.tuned_split("Some GPU", 4096, 6144) == 11
+    assert gluon_awq_gemv.tuned_split("Some GPU", 4096, 4096) is None
+    gluon_awq_gemv.tuned_split.cache_clear()
+
+
+def test_a_later_measurement_replaces_the_earlier_row(tmp_path):
+    """bench_gemm --from A B: rows of B replace A's rows of the same layer and token count."""
+    pytest.importorskip("triton")
+    from awq.bench_gemm import merge_saved
+    old = {"command": "a", "rows": [{"k": 1, "n": 2, "tokens": t, "gemv_us": 5.0} for t in (1, 2)]}
+    new = {"command": "b", "rows": [{"k": 1, "n": 2, "tokens": 1, "gemv_us": 3.0}]}
+    for name, record in (("a.json", old), ("b.json", new)):
+        with open(tmp_path / name, "w") as f:
+            json.dump(record, f)
+    merged = merge_saved([str(tmp_path / "a.json"), str(tmp_path / "b.json")])
+    assert sorted((row["tokens"], row["gemv_us"]) for row in merged["rows"]) == [(1, 3.0), (2, 5.0)]
+    assert merged["command"] == "a + b"
