@@ -25,6 +25,7 @@ import functools
 import torch
 import triton
 
+from nanovllm.quant.awq import awq_gemm_ref
 from nanovllm.quant.triton_awq import (
     MAGIC_BITS,
     MAX_TILES,
@@ -40,6 +41,7 @@ try:
 except ImportError:          # a Triton without Gluon: awq_gemv keeps the Triton kernel
     gluon = None
 
+__all__ = ["awq_gemm_ref", "gluon_awq_gemv", "gluon_supported"]
 GROUP = 128                  # the tile's 16 word rows are one group
 R, C, TR, WARPS = 2, 8, 8, 4
 BLOCK_N = C * (32 // TR) * WARPS
