@@ -97,3 +97,21 @@ def test_a_later_measurement_replaces_the_earlier_row(tmp_path):
     merged = merge_saved([str(tmp_path / "a.json"), str(tmp_path / "b.json")])
     assert sorted((row["tokens"], row["gemv_us"]) for row in merged["rows"]) == [(1, 3.0), (2, 5.0)]
     assert merged["command"] == "a + b"
+
+
+def test_settings_are_all_compiled_before_any_is_timed_and_keep_their_best_round():
+    pytest.importorskip("triton")
+    from awq.bench_gemm import time_settings
+    events, readings = [], iter([9.0, 5.0, 4.0, 6.0])        # round 1: a, b; round 2: a, b
+
+    def call(name):
+        return lambda *layer: events.append(("compile", name))
+
+    def timer(layers, fn):
+        events.append(("time", fn.__name__))
+        return next(readings)
+
+    a, b = call("a"), call("b")
+    a.__name__, b.__name__ = "a", "b"
+    assert time_settings([("layer", None)], {"a": a, "b": b}, timer=timer) == {"a": 4.0, "b": 5.0}
+    assert events == [("compile", "a"), ("compile", "b"), ("time", "a"), ("time", "b"), ("time", "a"), ("time", "b")]
