@@ -14,9 +14,9 @@ which thread holds what:
   OR-ed into the float whose mantissa bit there is worth 1 (32768.0, 2048.0 or 128.0), so the float is
   offset + q with offset 32768, 2048 or 128 by nibble (`nibble_at`); the offsets come off per group through
   x's offset-weighted sum, as the zero point does through x's plain sum. The largest offset keeps ~15 bits
-  of q * x in float32, enough for 16-bit inputs; float32 inputs use 128.0 for every nibble (7 shifts).
+  of q * x in float32: enough for 16-bit inputs, not for float32 ones, which keep the Triton GEMV.
 Together ~3.4 instructions per weight instead of ~5; on the H200 an 8B layer at one token takes 60 us
-instead of 70 (awq_benchmark.md). Split-K and its fixup are the Triton GEMV's (`finish` below).
+instead of 70 (awq_benchmark.md). Split-K and its fixup are the Triton GEMV's (`finish_split_k`).
 Gluon does not run under the CPU interpreter: the CPU path and the CPU tests use the Triton kernels, the
 GPU tests check this one against the reference. Reference: `awq_gemm_ref` (dequantize, then matmul).
 """
@@ -49,8 +49,14 @@ MAGIC_12, MAGIC_8 = 0x45000000, 0x47000000     # 2048.0 and 32768.0: mantissa bi
 
 
 def gluon_supported(x: torch.Tensor, group_size: int) -> bool:
+    """One 16-bit token of group 128 on an Ampere or newer GPU, with a Triton that has Gluon."""
     return (gluon is not None and x.is_cuda and x.shape[0] == 1 and group_size == GROUP
-            and torch.cuda.get_device_capability(x.device)[0] >= 8)
+            and x.dtype in (torch.float16, torch.bfloat16) and ampere_or_newer(x.device))
+
+
+@functools.cache
+def ampere_or_newer(device: torch.device) -> bool:
+    return torch.cuda.get_device_capability(device)[0] >= 8
 
 
 if gluon is not None:
@@ -68,17 +74,9 @@ if gluon is not None:
             return ((v & 0x00000F00) | magic_8).to(gl.float32, bitcast=True)
 
     @gluon.jit
-    def nibble_at(words, i: gl.constexpr, magic_16, magic_12, magic_8, FEW_SHIFTS: gl.constexpr):
-        """(offset + nibble i of each word as float32, offset)."""
-        if not FEW_SHIFTS:                       # every nibble to bits 16..19: 128 + q
-            if i < 4:
-                v = words << (16 - 4 * i)
-            elif i > 4:
-                v = words >> (4 * i - 16)
-            else:
-                v = words
-            return masked_float(v, 16, magic_16, magic_12, magic_8), 128.0
-        elif i == 0:
+    def nibble_at(words, i: gl.constexpr, magic_16, magic_12, magic_8):
+        """(offset + nibble i of each word as float32, offset): from words, words << 8 or words >> 12."""
+        if i == 0:
             return masked_float(words << 8, 8, magic_16, magic_12, magic_8), 32768.0
         elif i == 1:
             return masked_float(words << 8, 12, magic_16, magic_12, magic_8), 2048.0
@@ -98,7 +96,7 @@ if gluon is not None:
     @gluon.jit
     def _gluon_awq_gemv_kernel(x_ptr, qweight_ptr, zeros_ptr, scales_ptr, out_ptr, partial_ptr, count_ptr, N, K,
                                split_k, magic_16, magic_12, magic_8, R: gl.constexpr, C: gl.constexpr,
-                               TR: gl.constexpr, WARPS: gl.constexpr, FEW_SHIFTS: gl.constexpr):
+                               TR: gl.constexpr, WARPS: gl.constexpr):
         ROWS: gl.constexpr = R * TR
         GROUP_SIZE: gl.constexpr = ROWS * 8
         BLOCK_N: gl.constexpr = C * (32 // TR) * WARPS
@@ -133,7 +131,7 @@ if gluon is not None:
             x_offset = gl.zeros([TR, R], gl.float32, layout=x_layout)
             for i in gl.static_range(8):
                 x = gl.load(x_ptr + g * GROUP_SIZE + i * ROWS + rows).to(gl.float32)
-                w, offset = nibble_at(words, i, magic_16, magic_12, magic_8, FEW_SHIFTS)
+                w, offset = nibble_at(words, i, magic_16, magic_12, magic_8)
                 part += gl.expand_dims(x, 2) * w
                 x_sum += x
                 x_offset += x * offset
@@ -179,5 +177,5 @@ def gluon_awq_gemv(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, 
     out, partial, counters = split_k_buffers(1, N, split_k, x)
     _gluon_awq_gemv_kernel[(tiles, split_k)](
         x, qweight, zeros, scales, out, partial, counters, N, K, split_k, MAGIC_BITS, MAGIC_12, MAGIC_8,
-        R=R, C=C, TR=TR, WARPS=WARPS, FEW_SHIFTS=x.dtype != torch.float32, num_warps=WARPS)
+        R=R, C=C, TR=TR, WARPS=WARPS, num_warps=WARPS)
     return out

@@ -111,7 +111,7 @@ def awq_gemv(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, scales
              block_n: int | None = None, split_k: int | None = None, num_warps: int | None = None,
              kernel: str | None = None) -> torch.Tensor:
     """x [M, K] with M <= 8 tokens -> [M, N] in x's dtype; weights in the kernel layout of awq.py.
-    kernel: "gluon" for one token where Gluon runs (gluon_awq_gemv.py: the same math, ~15% faster on the
+    kernel: "gluon" for one 16-bit token where Gluon runs (gluon_awq_gemv.py: the same math, ~15% faster on the
     H200), "triton" (this file's kernel, whose settings block_n and num_warps are); None: gluon if it can."""
     assert kernel in (None, "gluon", "triton")
     if kernel != "triton" and gluon_supported(x, group_size):
