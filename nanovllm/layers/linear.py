@@ -144,3 +144,10 @@ class RowParallelLinear(LinearBase):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bias = self.bias if self.tp_rank == 0 else None
         return all_reduce(self.quant_method.apply(self, x, bias))
+
+    def forward_silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor | None:
+        """self(silu(gate) * up) of gate_up = [gate | up] when the quantization method takes the activation
+        into its matmul (AWQ's one-token GEMV); None when it does not."""
+        fused = getattr(self.quant_method, "apply_silu_and_mul", None)
+        y = fused(self, gate_up, self.bias if self.tp_rank == 0 else None) if fused else None
+        return None if y is None else all_reduce(y)

@@ -53,7 +53,9 @@ class Qwen3MLP(nn.Module):
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+        gate_up = self.gate_up_proj(x)
+        fused = self.down_proj.forward_silu_and_mul(gate_up)     # the activation inside down's kernel, if it can
+        return fused if fused is not None else self.down_proj(self.act_fn(gate_up))
 
 
 class Qwen3DecoderLayer(nn.Module):

@@ -171,3 +171,18 @@ class AWQLinearMethod:
         if bias is not None:
             y = y + bias
         return y.view(*shape[:-1], y.shape[-1])
+
+    def apply_silu_and_mul(self, layer: nn.Module, gate_up: torch.Tensor, bias: torch.Tensor | None):
+        """The layer applied to silu(gate) * up of gate_up = [gate | up], for one token on a GPU where the
+        Gluon GEMV computes the activation from its input itself (one kernel less per layer); None elsewhere,
+        and the caller applies `silu_and_mul` first."""
+        if not gate_up.is_cuda or gate_up.numel() != gate_up.shape[-1] or self.group_size != 128:
+            return None
+        from nanovllm.quant.gluon_awq_gemv import gated_split, gluon_awq_gemv
+        x = gate_up.reshape(1, -1)
+        if not gated_split(x, layer.qweight.shape[0] * PACK, layer.scales.shape[1]):
+            return None
+        y = gluon_awq_gemv(x, layer.qweight, layer.zeros, layer.scales, gated=True)
+        if bias is not None:
+            y = y + bias
+        return y.view(*gate_up.shape[:-1], y.shape[-1])

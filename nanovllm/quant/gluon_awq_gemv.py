@@ -17,6 +17,9 @@ which thread holds what:
   of q * x in float32: enough for 16-bit inputs, not for float32 ones, which keep the Triton GEMV.
 Together ~3.4 instructions per weight instead of ~5; on the H200 an 8B layer at one token takes 60 us
 instead of 70 (awq_benchmark.md). Split-K and its fixup are the Triton GEMV's (`finish_split_k`).
+SwiGLU's down projection can take [gate | up] as is (GATED): each program first computes silu(gate) * up
+of its own groups into shared memory (float32, MAX_GROUPS groups), and its loop reads x from there, so the
+activation kernel between gate_up and down goes away at batch 1 (`AWQLinearMethod.apply_silu_and_mul`).
 Gluon does not run under the CPU interpreter: the CPU path and the CPU tests use the Triton kernels, the
 GPU tests check this one against the reference. Reference: `awq_gemm_ref` (dequantize, then matmul).
 """
@@ -30,6 +33,7 @@ from nanovllm.quant.triton_awq import (
     MAGIC_BITS,
     MAX_TILES,
     TUNED_DIR,
+    finish_split_k,
     split_k_buffers,
     split_k_for,
 )
@@ -41,11 +45,12 @@ try:
 except ImportError:          # a Triton without Gluon: awq_gemv keeps the Triton kernel
     gluon = None
 
-__all__ = ["awq_gemm_ref", "gluon_awq_gemv", "gluon_supported"]
+__all__ = ["awq_gemm_ref", "gated_split", "gluon_awq_gemv", "gluon_supported"]
 GROUP = 128                  # the tile's 16 word rows are one group
 R, C, TR, WARPS = 2, 8, 8, 4
 BLOCK_N = C * (32 // TR) * WARPS
 MAGIC_12, MAGIC_8 = 0x45000000, 0x47000000     # 2048.0 and 32768.0: mantissa bit 12 / bit 8 worth 1
+MAX_GATED_GROUPS = 32        # a gated program's activations: 32 groups of 128 float32 = 16 KB of shared memory
 
 
 def gluon_supported(x: torch.Tensor, group_size: int) -> bool:
@@ -96,7 +101,7 @@ if gluon is not None:
     @gluon.jit
     def _gluon_awq_gemv_kernel(x_ptr, qweight_ptr, zeros_ptr, scales_ptr, out_ptr, partial_ptr, count_ptr, N, K,
                                split_k, magic_16, magic_12, magic_8, R: gl.constexpr, C: gl.constexpr,
-                               TR: gl.constexpr, WARPS: gl.constexpr):
+                               TR: gl.constexpr, WARPS: gl.constexpr, GATED: gl.constexpr, MAX_GROUPS: gl.constexpr):
         ROWS: gl.constexpr = R * TR
         GROUP_SIZE: gl.constexpr = ROWS * 8
         BLOCK_N: gl.constexpr = C * (32 // TR) * WARPS
@@ -120,6 +125,20 @@ if gluon is not None:
         words = gl.load(w_ptrs + start * ROWS * N, mask=cols_3d < live, other=0)
         s = gl.load(scales_ptr + start * N + cols, mask=cols < live, other=0.0)
         z = gl.load(zeros_ptr + start * N + cols, mask=cols < live, other=0.0)
+        if GATED:       # x = silu(gate) * up of this program's groups, computed once into shared memory
+            staged: gl.constexpr = gl.BlockedLayout([1, R], [32, 1], [WARPS, 1], [1, 0])
+            pair = gl.arange(0, 8 * TR, layout=gl.SliceLayout(1, staged))
+            row = gl.arange(0, R, layout=gl.SliceLayout(0, staged))
+            in_group = gl.expand_dims(pair, 1) * R + gl.expand_dims(row, 0)          # [8 * TR, R]: input i * 16 + r
+            x_groups = gl.allocate_shared_memory(gl.float32, [MAX_GROUPS, 8 * TR, R],
+                                                 gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+            for q in gl.static_range(MAX_GROUPS):
+                k = (start + q) * GROUP_SIZE + in_group
+                ok = (start + q < end) & (in_group < GROUP_SIZE)
+                gate = gl.load(x_ptr + k, mask=ok, other=0.0).to(gl.float32)
+                up = gl.load(x_ptr + K + k, mask=ok, other=0.0).to(gl.float32)
+                x_groups.index(q).store((gate / (1.0 + gl.exp(-gate)) * up).to(x_ptr.dtype.element_ty).to(gl.float32))
+            _cta_barrier()
         acc = gl.zeros([TR, BLOCK_N], gl.float32, layout=acc_layout)
         for g in range(start, end):
             live = gl.where(g + 1 < end, N, 0)                  # the next group's loads, one group ahead
@@ -130,7 +149,10 @@ if gluon is not None:
             x_sum = gl.zeros([TR, R], gl.float32, layout=x_layout)
             x_offset = gl.zeros([TR, R], gl.float32, layout=x_layout)
             for i in gl.static_range(8):
-                x = gl.load(x_ptr + g * GROUP_SIZE + i * ROWS + rows).to(gl.float32)
+                if GATED:
+                    x = x_groups.index(g - start).slice(i * TR, TR).load(x_layout)
+                else:
+                    x = gl.load(x_ptr + g * GROUP_SIZE + i * ROWS + rows).to(gl.float32)
                 w, offset = nibble_at(words, i, magic_16, magic_12, magic_8)
                 part += gl.expand_dims(x, 2) * w
                 x_sum += x
@@ -144,19 +166,7 @@ if gluon is not None:
             s = s_next
             z = z_next
         y = gl.sum(acc, axis=0)                                  # across the TR lanes, once
-        n_ok = cols < N
-        if split_k == 1:
-            gl.store(out_ptr + cols, y.to(out_ptr.dtype.element_ty), mask=n_ok)
-        else:                                                    # as finish_split_k in triton_awq.py
-            gl.store(partial_ptr + pid_k * N + cols, y, mask=n_ok)
-            _cta_barrier()
-            if gl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel") == split_k - 1:
-                total = gl.zeros([BLOCK_N], gl.float32, layout=col_layout)
-                for split in range(split_k):
-                    total += gl.load(partial_ptr + split * N + cols, mask=n_ok, other=0.0, cache_modifier=".cg")
-                gl.store(out_ptr + cols, total.to(out_ptr.dtype.element_ty), mask=n_ok)
-                gl.atomic_xchg(count_ptr + pid_n, 0)
-
+        finish_split_k(y, out_ptr + cols, partial_ptr + cols, N, count_ptr + pid_n, cols < N, pid_k, split_k)
 
 @functools.cache
 def tuned_split(gpu_name: str, k: int, n: int) -> int | None:
@@ -166,16 +176,36 @@ def tuned_split(gpu_name: str, k: int, n: int) -> int | None:
 
 
 def gluon_awq_gemv(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor,
-                   split_k: int | None = None) -> torch.Tensor:
+                   split_k: int | None = None, gated: bool = False) -> torch.Tensor:
     """x [1, K] -> [1, N] in x's dtype (`gluon_supported`). split_k None: measured for this shape, else
-    ~4 programs per SM (what won on most 8B layers)."""
-    K, N = x.shape[1], scales.shape[1]
+    ~4 programs per SM (what won on most 8B layers). gated: x is [1, 2K] = [gate | up] and the input is
+    silu(gate) * up (SwiGLU's activation, `silu_and_mul`), computed by each program for its own groups;
+    `gated_split` says whether a split fits."""
+    K, N = x.shape[1] // (2 if gated else 1), scales.shape[1]
     assert gluon_supported(x, K // zeros.shape[0]) and x.stride(-1) == 1
     tiles = triton.cdiv(N, BLOCK_N)
     assert tiles <= MAX_TILES
-    split_k = split_k or tuned_split(device_name(x.device), K, N) or split_k_for(4, tiles, K // GROUP, x.device)
+    split_k = split_k or default_split(x.device, K, N)
+    max_groups = groups_per_program(K, split_k) if gated else 1
+    assert max_groups <= MAX_GATED_GROUPS, f"{split_k} splits of {K // GROUP} groups leave too many per program"
     out, partial, counters = split_k_buffers(1, N, split_k, x)
     _gluon_awq_gemv_kernel[(tiles, split_k)](
         x, qweight, zeros, scales, out, partial, counters, N, K, split_k, MAGIC_BITS, MAGIC_12, MAGIC_8,
-        R=R, C=C, TR=TR, WARPS=WARPS, num_warps=WARPS)
+        R=R, C=C, TR=TR, WARPS=WARPS, GATED=gated, MAX_GROUPS=max_groups, num_warps=WARPS)
     return out
+
+
+def default_split(device: torch.device, k: int, n: int) -> int:
+    """Measured for [k, n] on this GPU model, else ~4 programs per SM."""
+    return tuned_split(device_name(device), k, n) or split_k_for(4, triton.cdiv(n, BLOCK_N), k // GROUP, device)
+
+
+def groups_per_program(k: int, split_k: int) -> int:
+    """The groups one of split_k programs covers, rounded up to a power of 2 (a gated program's x buffer)."""
+    return triton.next_power_of_2(triton.cdiv(k // GROUP, split_k))
+
+
+def gated_split(x: torch.Tensor, k: int, n: int) -> bool:
+    """Whether the down projection [k, n] can take silu(gate) * up of x = [1, 2k] in the kernel: its split
+    leaves at most MAX_GATED_GROUPS groups (16 KB of shared memory) per program."""
+    return gluon_supported(x, GROUP) and groups_per_program(k, default_split(x.device, k, n)) <= MAX_GATED_GROUPS

@@ -12,7 +12,8 @@ and the group's scale multiplies the dot's result, not every weight. When the ou
 fill the GPU, K is split over programs; the last program of each tile adds the partial sums in split order
 (`finish_split_k`). For a few tokens (decode) triton_awq_gemv.py streams the weight through FMAs; for many
 (prefill) the weight is dequantized once into a temporary and cuBLAS multiplies (`awq_dequantize`).
-`awq_gemm` picks the method that tests/awq/bench_gemm.py measured fastest on this GPU model and layer
+On Hopper, gluon_awq_mma.py multiplies batches of tokens on the tensor cores with the weight dequantized in
+registers. `awq_gemm` picks the method that tests/awq/bench_gemm.py measured fastest on this GPU model and layer
 shape. Reference: `awq_gemm_ref` (dequantize, then matmul).
 """
 import functools
@@ -50,15 +51,16 @@ def magic_nibble(words, i: tl.constexpr, magic):
 
 @triton.jit
 def finish_split_k(y, out_ptrs, partial_ptrs, split_stride, count_ptr, mask, split, split_k):
-    """Store y [BLOCK_M, BLOCK_N]: directly, or as one of split_k partials that the last program adds up."""
+    """Store y: directly, or as one of split_k partials that the last program adds up (also called by the
+    Gluon kernels)."""
     if split_k == 1:
         tl.store(out_ptrs, y.to(out_ptrs.dtype.element_ty), mask=mask)
     else:
         tl.store(partial_ptrs + split * split_stride, y, mask=mask)
         tl.debug_barrier()                       # every thread's partial is written before the count says so
         if tl.atomic_add(count_ptr, 1, sem="acq_rel") == split_k - 1:
-            total = tl.zeros_like(y)
-            for s in range(split_k):
+            total = tl.load(partial_ptrs, mask=mask, other=0.0, cache_modifier=".cg")
+            for s in range(1, split_k):
                 total += tl.load(partial_ptrs + s * split_stride, mask=mask, other=0.0, cache_modifier=".cg")
             tl.store(out_ptrs, total.to(out_ptrs.dtype.element_ty), mask=mask)
             tl.atomic_xchg(count_ptr, 0)
@@ -155,7 +157,7 @@ def split_k_for(per_sm: int, tiles: int, num_groups: int, device: torch.device) 
     return max(1, min(triton.cdiv(per_sm * num_sms(device), tiles), num_groups))
 
 
-AWQ_METHODS = ("gemv", "fused", "dequant")
+AWQ_METHODS = ("gemv", "fused", "mma", "dequant")
 TUNED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuned")
 
 
@@ -191,13 +193,16 @@ def pick_method(num_tokens: int, table: list[tuple[int, str]]) -> str:
     return "dequant" if num_tokens >= DEQUANT_MIN_TOKENS else "fused"
 
 
-def supported_methods(num_tokens: int, group_size: int) -> tuple[str, ...]:
+def supported_methods(num_tokens: int, group_size: int, x: torch.Tensor | None = None) -> tuple[str, ...]:
     """The kernels need the group's word rows (group / 8) as a power of 2, the tensor-core dots 16+ of them;
-    dequantize + cuBLAS runs any group (in PyTorch when the Triton kernel cannot)."""
+    dequantize + cuBLAS runs any group (in PyTorch when the Triton kernel cannot). "mma" (gluon_awq_mma.py)
+    needs a Hopper GPU and 16-bit tokens `x`."""
     if not rows_form_a_block(group_size):
         return ("dequant",)
+    from nanovllm.quant.gluon_awq_mma import mma_supported
     gemv = ("gemv",) if num_tokens <= GEMV_MAX_TOKENS else ()
-    return gemv + (("fused",) if group_size // 8 >= 16 else ()) + ("dequant",)
+    mma = ("mma",) if x is not None and mma_supported(x, group_size) else ()
+    return gemv + (("fused",) if group_size // 8 >= 16 else ()) + mma + ("dequant",)
 
 
 def rows_form_a_block(group_size: int) -> bool:
@@ -209,13 +214,14 @@ def awq_gemm(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, scales
              group_size: int, method: str | None = None, split_k: int | None = None, **gemv_settings) -> torch.Tensor:
     """x [M, K] (bf16, fp16 or fp32) -> [M, N] in x's dtype, weights in the kernel layout of awq.py.
     `method`: "gemv" (FMA kernel, up to GEMV_MAX_TOKENS tokens), "fused" (tensor-core dots, this file),
-    "dequant" (dequantize + cuBLAS); None: the measured winner (`pick_method`) among the supported ones."""
+    "mma" (wgmma with the weight in registers, Hopper; gluon_awq_mma.py), "dequant" (dequantize + cuBLAS);
+    None: the measured winner (`pick_method`) among the supported ones."""
     M, K = x.shape
     N = scales.shape[1]
     assert qweight.shape == (K // 8, N) and zeros.shape == scales.shape == (K // group_size, N), \
         "AWQ weights must be repacked into the kernel layout (AWQLinearMethod.process_weights_after_loading)"
     assert qweight.dtype == torch.int32 and qweight.is_contiguous() and x.stride(-1) == 1
-    supported = supported_methods(M, group_size)
+    supported = supported_methods(M, group_size, x)
     if method is None:
         table = tuned_methods(device_name(x.device), K, N) if x.is_cuda else []
         method = pick_method(M, table)
@@ -226,6 +232,9 @@ def awq_gemm(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, scales
     if method == "gemv":
         from nanovllm.quant.triton_awq_gemv import awq_gemv
         return awq_gemv(x, qweight, zeros, scales, group_size, split_k=split_k, **gemv_settings)
+    if method == "mma":
+        from nanovllm.quant.gluon_awq_mma import gluon_awq_mma
+        return gluon_awq_mma(x, qweight, zeros, scales, split_k=split_k)
     block_m = 16 if M <= 16 else (32 if M <= 32 else (64 if M <= 64 else 128))
     block_n = 128
     tiles = triton.cdiv(M, block_m) * triton.cdiv(N, block_n)

@@ -53,11 +53,11 @@ def awq_rows(root: str) -> list[str]:
     for path, record in load_records(root, "quantization_int_4/awq_vs_bf16*.json"):
         for r in record["rows"]:
             bf16, awq = r["bf16"].get("throughput"), r["awq"].get("throughput")
-            speed = (f"{bf16['tokens_per_s']:,.0f} / {awq['tokens_per_s']:,.0f} | {r['throughput_ratio']:.2f}"
+            speed = (f"{bf16['tokens_per_s']:,.0f} / {awq['tokens_per_s']:,.0f} | {r['throughput_ratio']:.4f}"
                      if bf16 and awq else "- | -")
             rows.append(f"| {r['model']} (dummy) | {r['weight_memory_ratio']:.3f} | "
                         f"{r['bf16']['tpot_ms_batch1']:.2f} / {r['awq']['tpot_ms_batch1']:.2f} | "
-                        f"{r['tpot_ratio']:.2f} | {speed} | {r['bf16']['gpu']} | "
+                        f"{r['tpot_ratio']:.3f} | {speed} | {r['bf16']['gpu']} | "
                         f"{record['date'][:10]} | `{path}` |")
     return rows if len(rows) > 2 else []
 
@@ -73,6 +73,21 @@ def awq_layer_rows(root: str) -> list[str]:
             bf16 = f"{r['bf16_us']:.1f} ({r['bf16_weight_gb_per_s']:,.0f})"
             rows.append(f"| {r['layer']} [{r['k']} x {r['n']}] | {bf16} | {gemv} | {r['fused_us']:.1f} | "
                         f"{r['dequant_matmul_us']:.1f} | {record['gpu']} | `{path}` |")
+    return rows if len(rows) > 2 else []
+
+
+def awq_batch_rows(root: str) -> list[str]:
+    """One AWQ linear layer at a batch of tokens (decode at batch 16-128), where the Hopper wgmma kernel was
+    measured: GPU microseconds of each method."""
+    rows = ["| AWQ layer, batch | tokens | bf16 cuBLAS us | AWQ wgmma us | AWQ fused (Triton) us "
+            "| AWQ dequant + cuBLAS us | GPU | file |", "|---|---|---|---|---|---|---|---|"]
+    for path, record in load_records(root, "quantization_int_4/awq_gemm.json"):
+        measured = [r for r in record["rows"] if r.get("mma_us") and r["tokens"] > 1]
+        layers = list(dict.fromkeys(r["layer"] for r in measured))
+        for r in sorted(measured, key=lambda r: (layers.index(r["layer"]), r["tokens"])):
+            rows.append(f"| {r['layer']} [{r['k']} x {r['n']}] | {r['tokens']} | {r['bf16_us']:.1f} | "
+                        f"{r['mma_us']:.1f} | {r['fused_us']:.1f} | {r['dequant_matmul_us']:.1f} | {record['gpu']} | "
+                        f"`{path}` |")
     return rows if len(rows) > 2 else []
 
 
@@ -134,7 +149,7 @@ def render(readme: str = "README.md", root: str = "benchmark_results") -> None:
     head, rest = text.split(START, 1)
     _, tail = rest.split(END, 1)
     parts = [bench_rows(root), profile_rows(root), sampler_rows(root), decode_attention_rows(root), quality_rows(root),
-             awq_rows(root), awq_layer_rows(root), sharegpt_rows(root)]
+             awq_rows(root), awq_layer_rows(root), awq_batch_rows(root), sharegpt_rows(root)]
     table = "\n\n".join("\n".join(rows) for rows in parts if rows)
     with open(readme, "w") as f:
         f.write(f"{head}{START}\n{table}\n{END}{tail}")

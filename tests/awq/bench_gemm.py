@@ -1,5 +1,5 @@
-"""One AWQ linear layer on the GPU: the GEMV kernel (up to 8 tokens), the fused tensor-core kernel,
-dequantize + cuBLAS, and bf16 cuBLAS, by token count.
+"""One AWQ linear layer on the GPU: the GEMV kernel (up to 8 tokens), the fused tensor-core kernel, the
+Hopper wgmma kernel (quant/gluon_awq_mma.py), dequantize + cuBLAS, and bf16 cuBLAS, by token count.
 
 `python tests/awq/bench_gemm.py` times the linear layers of Qwen3-8B and Qwen3-0.6B at M = 1..4096 tokens
 (GPU time: CUDA events around a CUDA graph that calls the method once on each of several copies of the
@@ -35,12 +35,13 @@ from nanovllm.quant.triton_awq import (  # noqa: E402
     awq_dequantize,
     awq_gemm,
     split_k_for,
+    supported_methods,
     tuned_methods_path,
 )
 from nanovllm.quant.triton_awq_gemv import awq_gemv  # noqa: E402
 from nanovllm.utils.results import save_record  # noqa: E402
 
-TIMING_KEYS = {"fused": "fused_us", "gemv": "gemv_us", "dequant": "dequant_matmul_us"}
+TIMING_KEYS = {"fused": "fused_us", "gemv": "gemv_us", "mma": "mma_us", "dequant": "dequant_matmul_us"}
 SHAPES = {"8B": {"qkv (8B)": (4096, 6144), "o (8B)": (4096, 4096), "gate_up (8B)": (4096, 24576),
                  "down (8B)": (12288, 4096)},
           "0.6B": {"qkv (0.6B)": (1024, 4096), "o (0.6B)": (2048, 1024), "gate_up (0.6B)": (1024, 6144),
@@ -130,7 +131,7 @@ def time_methods(layers: list, x: torch.Tensor, k: int, n: int, gemv_settings: l
         row["triton_gemv_us"] = time_us(layers, lambda t, _: awq_gemv(x, t["qweight"], t["zeros"], t["scales"], 128,
                                                                       kernel="triton", **gemv))
     for method, key in TIMING_KEYS.items():
-        runs = method != "gemv" or m <= GEMV_MAX_TOKENS
+        runs = method in supported_methods(m, 128, x)
         settings = {} if method != "gemv" else ({"split_k": gluon_split} if gluon_supported(x, 128) else gemv)
         row[key] = time_us(layers, lambda t, _: awq_gemm(x, t["qweight"], t["zeros"], t["scales"], 128,
                                                           method=method, **settings)) if runs else None

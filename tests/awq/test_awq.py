@@ -84,8 +84,10 @@ def test_triton_kernels_match_reference(m, group, k, dtype):
     assert got.dtype == dtype and torch.equal(got, want.to(dtype))
     x = torch.randn(m, k, dtype=dtype, device=device)
     ref = awq_gemm_ref(x.float(), t["qweight"], t["zeros"], t["scales"], group)
-    methods = supported_methods(m, group)
+    methods = supported_methods(m, group, x)
     assert ("gemv" in methods) == (m <= 8 and group != 24) and ("fused" in methods) == (group >= 128)
+    assert ("mma" in methods) == (group == 128 and dtype == torch.float16 and device == "cuda"
+                                  and torch.cuda.get_device_capability()[0] == 9)
     for method in methods:
         out = awq_gemm(x, t["qweight"], t["zeros"], t["scales"], group, method=method)
         assert out.dtype == dtype
@@ -110,6 +112,60 @@ def test_split_k_partials_add_up_and_reset_the_counters(split_k, method, m):
     assert not tile_counters(x.device).any()
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize("split_k", [1, 3, 16])
+@pytest.mark.parametrize("m", [1, 17, 100])
+def test_mma_kernel_split_k_and_ragged_tiles(split_k, m):
+    """The Hopper wgmma kernel: token tiles with rows past M, output columns past N (160 = 2.5 tiles of 64),
+    K split into uneven and empty ranges (16 splits of 4 groups); the counters reset."""
+    from nanovllm.quant.gluon_awq_mma import gluon_awq_mma, mma_supported
+    from nanovllm.quant.triton_awq import tile_counters
+    x = torch.randn(m, 512, dtype=torch.bfloat16, device="cuda")
+    if not mma_supported(x, 128):
+        pytest.skip("needs a Hopper GPU and a Triton with Gluon")
+    t = layer_on("cuda", 512, 160, 128)
+    ref = awq_gemm_ref(x.float(), t["qweight"], t["zeros"], t["scales"], 128)
+    for _ in range(2):
+        out = gluon_awq_mma(x, t["qweight"], t["zeros"], t["scales"], split_k=split_k)
+        assert ((out.float() - ref).norm() / ref.norm()) < 1e-2
+    assert not tile_counters(x.device).any()
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("k,n", [(12288, 4096), (3072, 1024), (512, 160)])     # 8B down, 0.6B down, ragged
+def test_gated_gemv_matches_silu_and_mul(k, n):
+    """The one-token GEMV that computes silu(gate) * up of its input itself, at the default split and at
+    splits that leave one group or all of them to a program; the counters reset."""
+    from nanovllm.layers.activation import silu_and_mul
+    from nanovllm.quant.gluon_awq_gemv import (
+        MAX_GATED_GROUPS,
+        gluon_awq_gemv,
+        gluon_supported,
+        groups_per_program,
+    )
+    from nanovllm.quant.triton_awq import tile_counters
+    gate_up = torch.randn(1, 2 * k, dtype=torch.bfloat16, device="cuda")
+    if not gluon_supported(gate_up, 128):
+        pytest.skip("needs a Triton with Gluon")
+    t = layer_on("cuda", k, n, 128)
+    ref = awq_gemm_ref(silu_and_mul(gate_up).float(), t["qweight"], t["zeros"], t["scales"], 128)
+    for split_k in (None, k // 128, 1):
+        if split_k and groups_per_program(k, split_k) > MAX_GATED_GROUPS:
+            continue
+        out = gluon_awq_gemv(gate_up, t["qweight"], t["zeros"], t["scales"], split_k=split_k, gated=True)
+        assert ((out.float() - ref).norm() / ref.norm()) < 1e-2, split_k
+    assert not tile_counters(gate_up.device).any()
+
+
+def test_fused_activation_only_where_the_gluon_gemv_runs():
+    """On the CPU (and for more than one token) the MLP applies silu_and_mul itself."""
+    from nanovllm.quant.awq import AWQConfig, AWQLinearMethod
+    method = AWQLinearMethod(AWQConfig(group_size=128))
+    layer = torch.nn.Module()
+    method.create_weights(layer, 256, 64)
+    assert method.apply_silu_and_mul(layer, torch.zeros(1, 512, dtype=torch.bfloat16), None) is None
+
+
 @functools.cache
 def real_size_weight(k, n):
     g = torch.Generator(device="cuda").manual_seed(k + n)
@@ -117,7 +173,7 @@ def real_size_weight(k, n):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("m", [1, 2, 5, 8, 64, 256, 2048])
+@pytest.mark.parametrize("m", [1, 2, 5, 8, 40, 64, 130, 256, 2048])
 @pytest.mark.parametrize("k,n", [(1024, 6144), (4096, 24576), (12288, 4096)])   # 0.6B qkv, 8B gate_up, 8B down
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_awq_gemm_at_real_sizes(m, k, n, dtype):
@@ -125,7 +181,7 @@ def test_awq_gemm_at_real_sizes(m, k, n, dtype):
     t = real_size_weight(k, n)
     x = torch.randn(m, k, dtype=dtype, device="cuda")
     ref = awq_gemm_ref(x.float(), t["qweight"], t["zeros"], t["scales"], 128)
-    for method in supported_methods(m, 128):
+    for method in supported_methods(m, 128, x):
         for _ in range(3):      # split-K counters must come back to zero between calls
             out = awq_gemm(x, t["qweight"], t["zeros"], t["scales"], 128, method=method)
             assert out.dtype == dtype and ((out.float() - ref).norm() / ref.norm()) < 1e-2, method

@@ -68,14 +68,14 @@ case "$mode" in
     ;;
   awq)      # ~3 min: AWQ kernel tests at real sizes, the fastest method per shape and token count -> quant/tuned/
     timeout 150 python -m pytest -q -p no:cacheprovider tests/awq 2>&1 | tee "$OUT/awq_tests.log" | tail -3
-    timeout 150 python tests/awq/bench_gemm.py --models 8B 0.6B --tokens 1 2 4 8 16 64 256 1024 \
+    timeout 150 python tests/awq/bench_gemm.py --models 8B 0.6B --tokens 1 2 4 8 16 64 128 256 1024 \
       --out "$OUT/awq_gemm.json" --write | cut -c1-400
     cp nanovllm/quant/tuned/*.json "$OUT/" 2>/dev/null
     ;;
   awq-sweep)  # ~15 s per shape and token count swept (1-2 tokens: the GEMV's), ~90 s the rest; -> quant/tuned/
     timeout 250 python tests/awq/bench_gemm.py --models ${SWEEP_MODELS:-8B 0.6B} --tokens 1 2 --sweep-gemv \
       --out "$OUT/awq_gemm-sweep.json" | cut -c1-400
-    timeout 120 python tests/awq/bench_gemm.py --models 8B 0.6B --tokens 4 8 16 64 256 1024 \
+    timeout 150 python tests/awq/bench_gemm.py --models 8B 0.6B --tokens 4 8 16 64 128 256 1024 \
       --out "$OUT/awq_gemm-rest.json" | cut -c1-400
     python tests/awq/bench_gemm.py --from "$OUT/awq_gemm-sweep.json" "$OUT/awq_gemm-rest.json" \
       --out "$OUT/awq_gemm.json" --write | tail -c 300
