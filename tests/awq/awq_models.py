@@ -11,22 +11,22 @@ from nanovllm.quant.awq_quantize import quantize_model
 GROUP = 32
 
 
-def make_awq_model(path: str, method: str = "rtn", calib=None, **cfg):
+def make_awq_model(path: str, method: str = "rtn", calib=None, group: int = GROUP, **cfg):
     """Save an AWQ (GEMM format) checkpoint of a tiny random model; returns the float32 HF model."""
     hf = make_tiny_model(path, **cfg)
-    tensors = quantize_model(hf, calib, GROUP, method)
+    tensors = quantize_model(hf, calib, group, method)
     os.remove(os.path.join(path, "model.safetensors"))
     save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(path, "config.json")) as f:
         config = json.load(f)
-    config["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": GROUP, "zero_point": True,
+    config["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": group, "zero_point": True,
                                      "version": "gemm", "modules_to_not_convert": None}
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(config, f)
     return hf
 
 
-def dequantized_hf(path: str, hf):
+def dequantized_hf(path: str, hf, group: int = GROUP):
     """The HF model with every linear weight replaced by the checkpoint's dequantized weight."""
     tensors = load_file(os.path.join(path, "model.safetensors"))
     state = hf.state_dict()
@@ -34,7 +34,7 @@ def dequantized_hf(path: str, hf):
         prefix = name[:-len(".weight")]
         if f"{prefix}.qweight" in tensors:
             w = dequantize_awq(tensors[f"{prefix}.qweight"], tensors[f"{prefix}.qzeros"],
-                               tensors[f"{prefix}.scales"], GROUP)
+                               tensors[f"{prefix}.scales"], group)
             state[name] = w.t().contiguous()
         elif name in tensors:
             state[name] = tensors[name].float()

@@ -211,6 +211,43 @@ def test_engine_equals_hf_on_dequantized_weights(awq_pair):
     torch.testing.assert_close(logits[0].float().cpu(), hf_logits(hf, prompts[1]), atol=2e-4, rtol=2e-4)
 
 
+@pytest.mark.cuda
+def test_fused_activation_in_the_engine_on_gpu(tmp_path):
+    """A one-token forward of a group-128 AWQ model in bf16 on the GPU runs down with silu(gate) * up computed
+    inside its GEMV: the logits match the same engine with the activation kernel, and HF on the dequantized
+    weights (float32) to bf16 accuracy."""
+    from nanovllm.engine.scheduler import ScheduledBatch
+    from nanovllm.engine.sequence import Sequence
+    from nanovllm.quant.awq import AWQLinearMethod
+    from nanovllm.quant.gluon_awq_gemv import gluon_supported
+    if not gluon_supported(torch.zeros(1, 128, dtype=torch.bfloat16, device="cuda"), 128):
+        pytest.skip("needs a Triton with Gluon")
+    hf = make_awq_model(str(tmp_path), group=128, num_heads=4, num_kv_heads=2, head_dim=32, hidden=128)
+    hf = dequantized_hf(str(tmp_path), hf, group=128)
+    llm = LLM(str(tmp_path), device="cuda", dtype="bfloat16", enforce_eager=True, **KW)
+    mlp = llm.model_runner.model.model.layers[0].mlp
+    gate_up = mlp.gate_up_proj(torch.randn(1, 128, dtype=torch.bfloat16, device="cuda"))
+    assert mlp.down_proj.forward_silu_and_mul(gate_up) is not None            # the fused path is the one run
+
+    def last_logits(prompt):
+        seq = Sequence(prompt)
+        llm.scheduler.block_manager.allocate(seq)
+        logits, _ = llm.model_runner.forward_logits(ScheduledBatch([seq], [len(seq)], True))
+        llm.scheduler.block_manager.deallocate(seq)
+        return logits[0].float().cpu()
+
+    fused = last_logits([7])
+    unfused_method = AWQLinearMethod.apply_silu_and_mul
+    AWQLinearMethod.apply_silu_and_mul = lambda self, layer, gate_up, bias: None
+    try:
+        unfused = last_logits([7])
+    finally:
+        AWQLinearMethod.apply_silu_and_mul = unfused_method
+    ref = hf_logits(hf, [7])
+    assert (fused - unfused).norm() / unfused.norm() < 1e-2
+    assert (fused - ref).norm() / ref.norm() < 3e-2
+
+
 def test_awq_in_half_precision_runs(awq_pair):
     path, _ = awq_pair
     for dtype in ("float16", "bfloat16"):
