@@ -23,6 +23,10 @@ class UnquantizedLinearMethod:
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return F.linear(x, layer.weight, bias)
 
+    def apply_silu_and_mul(self, layer: nn.Module, gate_up: torch.Tensor, bias: torch.Tensor | None) -> None:
+        """No kernel here takes SwiGLU's activation into its matmul: the MLP applies it first."""
+        return None
+
 
 class LinearBase(nn.Module):
     """Shapes of this rank's shard, parameters from the quant method, and loading."""
@@ -148,6 +152,5 @@ class RowParallelLinear(LinearBase):
     def forward_silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor | None:
         """self(silu(gate) * up) of gate_up = [gate | up] when the quantization method takes the activation
         into its matmul (AWQ's one-token GEMV); None when it does not."""
-        fused = getattr(self.quant_method, "apply_silu_and_mul", None)
-        y = fused(self, gate_up, self.bias if self.tp_rank == 0 else None) if fused else None
+        y = self.quant_method.apply_silu_and_mul(self, gate_up, self.bias if self.tp_rank == 0 else None)
         return None if y is None else all_reduce(y)

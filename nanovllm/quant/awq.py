@@ -178,11 +178,12 @@ class AWQLinearMethod:
         and the caller applies `silu_and_mul` first."""
         if not gate_up.is_cuda or gate_up.numel() != gate_up.shape[-1] or self.group_size != 128:
             return None
-        from nanovllm.quant.gluon_awq_gemv import gated_split, gluon_awq_gemv
+        from nanovllm.quant.gluon_awq_gemv import gated_split_k, gluon_awq_gemv
         x = gate_up.reshape(1, -1)
-        if not gated_split(x, layer.qweight.shape[0] * PACK, layer.scales.shape[1]):
+        split_k = gated_split_k(x, layer.qweight.shape[0] * PACK, layer.scales.shape[1])
+        if split_k is None:
             return None
-        y = gluon_awq_gemv(x, layer.qweight, layer.zeros, layer.scales, gated=True)
+        y = gluon_awq_gemv(x, layer.qweight, layer.zeros, layer.scales, split_k=split_k, gated=True)
         if bias is not None:
             y = y + bias
         return y.view(*gate_up.shape[:-1], y.shape[-1])

@@ -45,7 +45,7 @@ try:
 except ImportError:          # a Triton without Gluon: awq_gemv keeps the Triton kernel
     gluon = None
 
-__all__ = ["awq_gemm_ref", "gated_split", "gluon_awq_gemv", "gluon_supported"]
+__all__ = ["awq_gemm_ref", "gated_split_k", "gluon_awq_gemv", "gluon_supported"]
 GROUP = 128                  # the tile's 16 word rows are one group
 R, C, TR, WARPS = 2, 8, 8, 4
 BLOCK_N = C * (32 // TR) * WARPS
@@ -168,6 +168,7 @@ if gluon is not None:
         y = gl.sum(acc, axis=0)                                  # across the TR lanes, once
         finish_split_k(y, out_ptr + cols, partial_ptr + cols, N, count_ptr + pid_n, cols < N, pid_k, split_k)
 
+
 @functools.cache
 def tuned_split(gpu_name: str, k: int, n: int) -> int | None:
     """The split-K that tests/awq/bench_gemm.py --sweep-gemv --write measured fastest for [k, n] on this GPU
@@ -180,7 +181,7 @@ def gluon_awq_gemv(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, 
     """x [1, K] -> [1, N] in x's dtype (`gluon_supported`). split_k None: measured for this shape, else
     ~4 programs per SM (what won on most 8B layers). gated: x is [1, 2K] = [gate | up] and the input is
     silu(gate) * up (SwiGLU's activation, `silu_and_mul`), computed by each program for its own groups;
-    `gated_split` says whether a split fits."""
+    `gated_split_k` gives a split that fits."""
     K, N = x.shape[1] // (2 if gated else 1), scales.shape[1]
     assert gluon_supported(x, K // zeros.shape[0]) and x.stride(-1) == 1
     tiles = triton.cdiv(N, BLOCK_N)
@@ -205,7 +206,11 @@ def groups_per_program(k: int, split_k: int) -> int:
     return triton.next_power_of_2(triton.cdiv(k // GROUP, split_k))
 
 
-def gated_split(x: torch.Tensor, k: int, n: int) -> bool:
-    """Whether the down projection [k, n] can take silu(gate) * up of x = [1, 2k] in the kernel: its split
-    leaves at most MAX_GATED_GROUPS groups (16 KB of shared memory) per program."""
-    return gluon_supported(x, GROUP) and groups_per_program(k, default_split(x.device, k, n)) <= MAX_GATED_GROUPS
+def gated_split_k(x: torch.Tensor, k: int, n: int) -> int | None:
+    """The split-K at which the down projection [k, n] takes silu(gate) * up of x = [1, 2k] in the kernel,
+    None if it cannot: no Gluon GEMV here, or its split leaves more than MAX_GATED_GROUPS groups (16 KB of
+    shared memory) to a program."""
+    if not gluon_supported(x, GROUP):
+        return None
+    split_k = default_split(x.device, k, n)
+    return split_k if groups_per_program(k, split_k) <= MAX_GATED_GROUPS else None

@@ -1,7 +1,7 @@
 """The Gluon kernels: the GEMV (one token, group 128; nanovllm/quant/gluon_awq_gemv.py), plain and with
 SwiGLU's activation on its input, and the Hopper wgmma GEMM (quant/gluon_awq_mma.py). Gluon has no CPU
 interpreter, so on CPU they are only compiled for Hopper (the API of the installed Triton, the layouts, the
-register count); the GPU tests (test_awq.py: test_awq_gemm_at_real_sizes, test_triton_kernels_match_reference,
+register count); the GPU tests (test_awq_kernels.py: test_awq_gemm_at_real_sizes, test_triton_kernels_match_reference,
 test_mma_kernel_split_k_and_ragged_tiles, test_gated_gemv_matches_silu_and_mul) check their outputs against
 the references."""
 import json
