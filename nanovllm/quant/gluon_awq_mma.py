@@ -12,15 +12,17 @@ takes from registers:
   in nibble i the input k = g * 128 + i * 16 + r, so slice i of a group is nibble i of its 16 word rows.
   The words are loaded straight into the A-operand layout (`DotOperandLayout`): each thread gets the 8
   words of the rows and columns its fragments cover, and unpacks all 8 nibbles of each (no word is
-  loaded twice, no weight goes through shared memory). A weight is (128 + q) s - (128 + z) s: the
-  nibble OR-ed into 128.0 (`magic_nibble`), one FMA, a conversion to the activation dtype.
+  loaded twice, no weight goes through shared memory). The A fragment pairs inputs k, k + 1 of one
+  column in a register, and those are the same nibble of two words: PRMT, a shift, a LOP3, an FMA and a
+  MUL by the column's scale make the two 16-bit weights (q - z) s of one register (`nibble_asm`), ~2.5
+  instructions per pair instead of ~3.5 per weight for float32 (128 + q) s - (128 + z) s and a conversion.
 - B (shared memory): x^T of the group, 8 slices of [16, BLOCK_M], copied in by cp.async one group ahead.
 - The 8 wgmmas of a group run asynchronously while the next slices are dequantized; one wait per group
   frees its x buffer. Two warpgroups (8 warps) take 64 output columns each (BLOCK_N = 128).
 - The accumulator [BLOCK_N, BLOCK_M] is float32; K is split over programs when the tiles are too few to
   fill the GPU, with the same last-program fixup as the other AWQ kernels (`finish_split_k`).
 On the H200 an 8B layer at 16-64 tokens takes 0.7-0.9x of the Triton tensor-core kernel's time and
-0.3-1.0x of dequantize + cuBLAS (awq_benchmark.md); from 128-256 tokens dequantize + cuBLAS wins again.
+0.3-1.0x of dequantize + cuBLAS (awq_benchmark.md); at 256 tokens dequantize + cuBLAS still wins.
 Hopper only (wgmma); Gluon has no CPU interpreter, so the GPU tests check it against `awq_gemm_ref`.
 """
 import functools
@@ -30,14 +32,7 @@ import triton
 
 from nanovllm.quant.awq import awq_gemm_ref
 from nanovllm.quant.gluon_awq_gemv import gluon
-from nanovllm.quant.triton_awq import (
-    MAGIC_BITS,
-    MAX_TILES,
-    finish_split_k,
-    magic_nibble,
-    split_k_buffers,
-    split_k_for,
-)
+from nanovllm.quant.triton_awq import MAX_TILES, finish_split_k, split_k_buffers, split_k_for
 
 if gluon is not None:
     from triton.experimental.gluon import language as gl
@@ -52,6 +47,7 @@ if gluon is not None:
 
     # cp.async into shared memory: async_copy_global_to_shared in Triton 3.6, async_load from 3.7
     _copy_to_shared = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
+
 
 __all__ = ["awq_gemm_ref", "gluon_awq_mma", "mma_supported"]
 GROUP = 128                      # its 16 word rows: the depth of one wgmma
@@ -75,11 +71,46 @@ def block_m_for(num_tokens: int) -> int:
     return min(64, max(16, triton.next_power_of_2(num_tokens)))
 
 
+@triton.constexpr_function
+def nibble_asm(i: int, bf16: bool) -> str:
+    """PTX for one 32-bit A register: q - z of nibble i of two words (inputs k, k + 1 of one column) as two
+    16-bit floats. PRMT puts the two words' low (nibbles 0-3) or high halves (4-7) side by side, a shift
+    brings nibble i to bits 0-3 of each half, LOP3 ORs in the float 128.0 (bf16, 0x4300) or 1024.0 (fp16,
+    0x6400), whose lowest mantissa bit is worth 1, so the halves read magic + q; one FMA by 1.0 adds
+    -(magic + z) (`minus_offset_pairs`, $3), exact: q - z is a small integer; one MUL by the scale pair
+    (`scale_pairs`, $5) rounds (q - z) s to the activation dtype once, as the float32 path does."""
+    select = "0x5410" if i < 4 else "0x7632"
+    magic, one, kind = ("0x43004300", "0x3F803F80", "bf16x2") if bf16 else ("0x64006400", "0x3C003C00", "f16x2")
+    return (f"{{ .reg .b32 t, one; prmt.b32 t, $1, $2, {select}; shr.b32 t, t, {4 * (i % 4)}; "
+            f"lop3.b32 t, t, 0x000F000F, {magic}, 0xEA; mov.b32 one, {one}; fma.rn.{kind} t, t, one, $3; "
+            f"mul.rn.{kind} $0, t, $5; }}")
+
+
 if gluon is not None:
     @gluon.jit
+    def nibble_pairs(words, offsets, scales, i: gl.constexpr, BF16: gl.constexpr):
+        """Slice i of a group in the A-operand layout: q - z of nibble i of words [BLOCK_N, 16], whose
+        consecutive pairs (word rows 2j, 2j + 1: inputs k, k + 1) fill one register (`nibble_asm`)."""
+        return gl.inline_asm_elementwise(nibble_asm(i, BF16), "=r,r,r,r,r,r,r", [words, offsets, scales],
+                                         dtype=gl.bfloat16 if BF16 else gl.float16, is_pure=True, pack=2)
+
+    @gluon.jit
+    def minus_offset_pairs(z, BF16: gl.constexpr):
+        """-(magic + z) twice, as two 16-bit floats in an int32, for z the zero point (an integer 0..15)."""
+        zi = z.to(gl.int32)
+        magic: gl.constexpr = 0x43004300 if BF16 else 0x64006400
+        return magic | (zi << 16) | zi | -0x7FFF8000       # -0x7FFF8000: the sign bits 0x80008000
+
+    @gluon.jit
+    def scale_pairs(s, BF16: gl.constexpr):
+        """s twice, as two 16-bit floats of the activation dtype in an int32."""
+        bits = s.to(gl.bfloat16 if BF16 else gl.float16).to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
+        return (bits << 16) | bits
+
+    @gluon.jit
     def _gluon_awq_mma_kernel(x_ptr, qweight_ptr, zeros_ptr, scales_ptr, out_ptr, partial_ptr, count_ptr,
-                              M, N, K, stride_xm, stride_om, split_k, magic, BLOCK_N: gl.constexpr,
-                              BLOCK_M: gl.constexpr, WARPS: gl.constexpr):
+                              M, N, K, stride_xm, stride_om, split_k, BLOCK_N: gl.constexpr,
+                              BLOCK_M: gl.constexpr, WARPS: gl.constexpr, BF16: gl.constexpr):
         ROWS: gl.constexpr = 16
         GROUP_SIZE: gl.constexpr = ROWS * 8
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
@@ -113,8 +144,8 @@ if gluon is not None:
         async_copy.commit_group()
         live = gl.where(start < end, N, 0)
         words = gl.load(w_ptrs + start * ROWS * N, mask=col_ok & (cols_a < live)[:, None], other=0)
-        s = gl.load(scales_ptr + start * N + cols_a, mask=cols_a < live, other=0.0).to(gl.float32)
-        z = gl.load(zeros_ptr + start * N + cols_a, mask=cols_a < live, other=0.0).to(gl.float32)
+        s = gl.load(scales_ptr + start * N + cols_a, mask=cols_a < live, other=0.0)
+        z = gl.load(zeros_ptr + start * N + cols_a, mask=cols_a < live, other=0.0)
         acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
         for g in range(start, end):
             stage = (g - start) % 2
@@ -126,14 +157,13 @@ if gluon is not None:
             async_copy.commit_group()
             live = gl.where(g + 1 < end, N, 0)    # the next group's weights, one group ahead
             words_next = gl.load(w_ptrs + (g + 1) * ROWS * N, mask=col_ok & (cols_a < live)[:, None], other=0)
-            s_next = gl.load(scales_ptr + (g + 1) * N + cols_a, mask=cols_a < live, other=0.0).to(gl.float32)
-            z_next = gl.load(zeros_ptr + (g + 1) * N + cols_a, mask=cols_a < live, other=0.0).to(gl.float32)
-            scale = gl.expand_dims(s, 1)
-            offset = gl.expand_dims((128.0 + z) * s, 1)
+            s_next = gl.load(scales_ptr + (g + 1) * N + cols_a, mask=cols_a < live, other=0.0)
+            z_next = gl.load(zeros_ptr + (g + 1) * N + cols_a, mask=cols_a < live, other=0.0)
+            offsets = gl.expand_dims(minus_offset_pairs(z, BF16), 1)
+            scales = gl.expand_dims(scale_pairs(s, BF16), 1)
             x_group = x_buf.index(stage)
-            for i in gl.static_range(8):          # slice i's dequantization overlaps the wgmmas before it
-                q = magic_nibble(words, i, magic)                                      # 128 + q
-                w = (q * scale - offset).to(x_ptr.dtype.element_ty)                       # (q - z) s
+            for i in gl.static_range(8):          # slice i's unpacking overlaps the wgmmas before it
+                w = nibble_pairs(words, offsets, scales, i, BF16)                     # (q - z) s
                 acc = warpgroup_mma(w, x_group.slice(i * BLOCK_M, BLOCK_M).permute((1, 0)), acc, is_async=True)
             acc = warpgroup_mma_wait(0, deps=[acc])   # before the next group's barrier frees this x buffer
             words = words_next
@@ -162,5 +192,5 @@ def gluon_awq_mma(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, s
     out, partial, counters = split_k_buffers(M, N, split_k, x)
     _gluon_awq_mma_kernel[(grid_n, grid_m, split_k)](
         x, qweight, zeros, scales, out, partial, counters, M, N, K, x.stride(0), out.stride(0), split_k,
-        MAGIC_BITS, BLOCK_N=block_n, BLOCK_M=block_m, WARPS=warps, num_warps=warps)
+        BLOCK_N=block_n, BLOCK_M=block_m, WARPS=warps, BF16=x.dtype == torch.bfloat16, num_warps=warps)
     return out

@@ -40,9 +40,9 @@ def main():
             row["throughput_ratio"] = awq["throughput"]["tokens_per_s"] / bf16["throughput"]["tokens_per_s"]
         rows.append(row)
         tp = (f"{bf16['throughput']['tokens_per_s']:.0f} / {awq['throughput']['tokens_per_s']:.0f} | "
-              f"{row['throughput_ratio']:.2f}") if bf16["throughput"] else "- | -"
+              f"{row['throughput_ratio']:.3f}") if bf16["throughput"] else "- | -"
         lines.append(f"| {model} | {row['weight_memory_ratio']:.3f} | {bf16['tpot_ms_batch1']:.2f} / "
-                     f"{awq['tpot_ms_batch1']:.2f} | {row['tpot_ratio']:.2f} | {tp} |")
+                     f"{awq['tpot_ms_batch1']:.2f} | {row['tpot_ratio']:.3f} | {tp} |")
         print(json.dumps(row))
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     record = {"rows": rows, "command": "python " + " ".join(sys.argv),

@@ -35,7 +35,8 @@ def compile_for_hopper() -> dict:
             "gemv_gated": resources(g._gluon_awq_gemv_kernel, pointers, types,
                                     {**gemv, "GATED": True, "MAX_GROUPS": 8}, g.WARPS),
             **{f"mma_{block_m}": resources(mma._gluon_awq_mma_kernel, pointers, types,
-                                           {"BLOCK_N": mma.BLOCK_N, "BLOCK_M": block_m, "WARPS": mma.WARPS}, mma.WARPS)
+                                           {"BLOCK_N": mma.BLOCK_N, "BLOCK_M": block_m, "WARPS": mma.WARPS,
+                                            "BF16": True}, mma.WARPS)
                for block_m in (16, 64)}}
 
 
