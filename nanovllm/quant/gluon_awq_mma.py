@@ -15,7 +15,7 @@ takes from registers:
   loaded twice, no weight goes through shared memory). The A fragment pairs inputs k, k + 1 of one
   column in a register, and those are the same nibble of two words: PRMT, a shift, a LOP3, an FMA and a
   MUL by the column's scale make the two 16-bit weights (q - z) s of one register (`nibble_asm`), ~2.5
-  instructions per pair instead of ~3.5 per weight for float32 (128 + q) s - (128 + z) s and a conversion.
+  instructions per weight instead of ~3.5 for float32 (128 + q) s - (128 + z) s and a conversion.
 - B (shared memory): x^T of the group, 8 slices of [16, BLOCK_M], copied in by cp.async one group ahead.
 - The 8 wgmmas of a group run asynchronously while the next slices are dequantized; one wait per group
   frees its x buffer. Two warpgroups (8 warps) take 64 output columns each (BLOCK_N = 128).
@@ -48,9 +48,10 @@ if gluon is not None:
     # cp.async into shared memory: async_copy_global_to_shared in Triton 3.6, async_load from 3.7
     _copy_to_shared = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
 
-
 __all__ = ["awq_gemm_ref", "gluon_awq_mma", "mma_supported"]
 GROUP = 128                      # its 16 word rows: the depth of one wgmma
+# two 16-bit floats whose lowest mantissa bit is worth 1: 128.0 in bf16, 1024.0 in fp16 (`nibble_asm`)
+MAGIC_PAIR = {True: 0x43004300, False: 0x64006400}
 BLOCK_N, WARPS = 128, 8          # two warpgroups, 64 output columns (wgmma's 64 rows) each
 
 
@@ -73,23 +74,28 @@ def block_m_for(num_tokens: int) -> int:
 
 @triton.constexpr_function
 def nibble_asm(i: int, bf16: bool) -> str:
-    """PTX for one 32-bit A register: q - z of nibble i of two words (inputs k, k + 1 of one column) as two
-    16-bit floats. PRMT puts the two words' low (nibbles 0-3) or high halves (4-7) side by side, a shift
+    """PTX for one 32-bit A register: (q - z) s of nibble i of two words (inputs k, k + 1 of one column) as
+    two 16-bit floats. PRMT puts the two words' low (nibbles 0-3) or high halves (4-7) side by side, a shift
     brings nibble i to bits 0-3 of each half, LOP3 ORs in the float 128.0 (bf16, 0x4300) or 1024.0 (fp16,
     0x6400), whose lowest mantissa bit is worth 1, so the halves read magic + q; one FMA by 1.0 adds
     -(magic + z) (`minus_offset_pairs`, $3), exact: q - z is a small integer; one MUL by the scale pair
     (`scale_pairs`, $5) rounds (q - z) s to the activation dtype once, as the float32 path does."""
     select = "0x5410" if i < 4 else "0x7632"
-    magic, one, kind = ("0x43004300", "0x3F803F80", "bf16x2") if bf16 else ("0x64006400", "0x3C003C00", "f16x2")
+    one, kind = ("0x3F803F80", "bf16x2") if bf16 else ("0x3C003C00", "f16x2")
     return (f"{{ .reg .b32 t, one; prmt.b32 t, $1, $2, {select}; shr.b32 t, t, {4 * (i % 4)}; "
-            f"lop3.b32 t, t, 0x000F000F, {magic}, 0xEA; mov.b32 one, {one}; fma.rn.{kind} t, t, one, $3; "
+            f"lop3.b32 t, t, 0x000F000F, {MAGIC_PAIR[bf16]:#x}, 0xEA; mov.b32 one, {one}; fma.rn.{kind} t, t, one, $3; "
             f"mul.rn.{kind} $0, t, $5; }}")
+
+
+@triton.constexpr_function
+def magic_pair(bf16: bool) -> int:
+    return MAGIC_PAIR[bf16]
 
 
 if gluon is not None:
     @gluon.jit
     def nibble_pairs(words, offsets, scales, i: gl.constexpr, BF16: gl.constexpr):
-        """Slice i of a group in the A-operand layout: q - z of nibble i of words [BLOCK_N, 16], whose
+        """Slice i of a group in the A-operand layout: (q - z) s of nibble i of words [BLOCK_N, 16], whose
         consecutive pairs (word rows 2j, 2j + 1: inputs k, k + 1) fill one register (`nibble_asm`)."""
         return gl.inline_asm_elementwise(nibble_asm(i, BF16), "=r,r,r,r,r,r,r", [words, offsets, scales],
                                          dtype=gl.bfloat16 if BF16 else gl.float16, is_pure=True, pack=2)
@@ -98,8 +104,7 @@ if gluon is not None:
     def minus_offset_pairs(z, BF16: gl.constexpr):
         """-(magic + z) twice, as two 16-bit floats in an int32, for z the zero point (an integer 0..15)."""
         zi = z.to(gl.int32)
-        magic: gl.constexpr = 0x43004300 if BF16 else 0x64006400
-        return magic | (zi << 16) | zi | -0x7FFF8000       # -0x7FFF8000: the sign bits 0x80008000
+        return magic_pair(BF16) | (zi << 16) | zi | -0x7FFF8000       # -0x7FFF8000: the sign bits 0x80008000
 
     @gluon.jit
     def scale_pairs(s, BF16: gl.constexpr):
