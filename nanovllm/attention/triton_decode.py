@@ -32,6 +32,7 @@ import os
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from nanovllm.attention.torch_ref import dot_precision, kv_cache_kind, paged_attention_ref
 from nanovllm.attention.triton_tiles import (
@@ -45,6 +46,7 @@ from nanovllm.attention.triton_tiles import (
     online_softmax,
 )
 from nanovllm.quant.kv import LayerKVCache
+from nanovllm.utils.pdl import pdl_launch
 from nanovllm.utils.tuned import device_name, num_sms, read_tuned, tuned_path
 
 DEFAULT_SETTINGS = {"block_n": 64, "num_warps": 4, "num_stages": 3}
@@ -98,7 +100,10 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, ou
                    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, DOT_PRECISION: tl.constexpr,
                    QUANT: tl.constexpr, V_GROUP: tl.constexpr, DOT_FP16: tl.constexpr, INT8_DOTS: tl.constexpr,
-                   ORDERED: tl.constexpr):
+                   ORDERED: tl.constexpr, PDL: tl.constexpr):
+    if PDL:                       # the o projection may start loading its weights (utils/pdl.py)
+        gdc_wait()
+        gdc_launch_dependents()
     kv_head, seq, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if ORDERED:
         seq = tl.load(order_ptr + seq)
@@ -151,7 +156,10 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, ou
 
 @triton.jit
 def _combine_kernel(part_acc_ptr, part_ml_ptr, out_ptr, stride_ot, stride_oh,
-                    HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr):
+                    HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, PDL: tl.constexpr):
+    if PDL:                       # the o projection may start loading its weights (utils/pdl.py)
+        gdc_wait()
+        gdc_launch_dependents()
     seq, head = tl.program_id(0), tl.program_id(1)
     rows = (seq * tl.num_programs(1) + head) * NUM_SPLITS + tl.arange(0, NUM_SPLITS)
     m = tl.load(part_ml_ptr + rows * 2)
@@ -203,9 +211,9 @@ def decode_attention(q: torch.Tensor, cache: LayerKVCache, block_tables: torch.T
         **dot_kinds(cache, q.dtype),
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=block_size,
         HEAD_DIM=head_dim, BLOCK_N=block_n, NUM_SPLITS=num_splits, DOT_PRECISION=dot_precision(q.dtype),
-        num_warps=settings["num_warps"], num_stages=settings["num_stages"],
+        **pdl_launch(q.device), num_warps=settings["num_warps"], num_stages=settings["num_stages"],
         **({"maxnreg": settings["maxnreg"]} if settings.get("maxnreg") else {}))
     if num_splits > 1:
         _combine_kernel[(num_seqs, num_heads)](part_acc, part_ml, out, out.stride(0), out.stride(1),
-                                               HEAD_DIM=head_dim, NUM_SPLITS=num_splits)
+                                               HEAD_DIM=head_dim, NUM_SPLITS=num_splits, **pdl_launch(q.device))
     return out

@@ -23,10 +23,12 @@ Reference: `store_kv_ref` (with the step's slot_mapping for either kernel).
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from nanovllm.attention.metadata import AttentionMetadata
 from nanovllm.attention.torch_ref import kv_cache_kind, store_kv_ref
 from nanovllm.quant.kv import MIN_SCALE, QMAX, LayerKVCache, v_key_group
+from nanovllm.utils.pdl import pdl_launch
 
 __all__ = ["store_kv", "store_prompt_kv", "store_step_kv", "store_kv_ref"]
 QUANT_CODES = {"auto": 0, "int8": 1, "fp8": 2}
@@ -65,7 +67,10 @@ def _store_rows(src, dst, scale_dst, mask, QUANT: tl.constexpr, QMAX: tl.constex
 def _store_token_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, slot_ptr, stride_k,
                         stride_v, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr,
                         QUANT: tl.constexpr, QMAX: tl.constexpr, MIN_SCALE: tl.constexpr,
-                        BLOCK_SIZE: tl.constexpr, V_GROUP: tl.constexpr):
+                        BLOCK_SIZE: tl.constexpr, V_GROUP: tl.constexpr, PDL: tl.constexpr):
+    if PDL:                       # after the RoPE kernel (utils/pdl.py)
+        gdc_wait()
+        gdc_launch_dependents()
     token = tl.program_id(0)
     slot = tl.load(slot_ptr + token).to(tl.int64)
     if slot >= 0:
@@ -144,7 +149,8 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, cache: LayerKVCache, slot_mapping
     assert slot_mapping.shape == (k.shape[0],)
     launch = _check(k, v, cache)
     _store_token_kernel[(k.shape[0],)](*launch["args"], slot_mapping, k.stride(0), v.stride(0),
-                                       BLOCK_H=triton.next_power_of_2(k.shape[1]), **launch["consts"], num_warps=4)
+                                       BLOCK_H=triton.next_power_of_2(k.shape[1]), **launch["consts"],
+                                       **pdl_launch(k.device), num_warps=4)
 
 
 def store_prompt_kv(k: torch.Tensor, v: torch.Tensor, cache: LayerKVCache, meta: AttentionMetadata) -> None:

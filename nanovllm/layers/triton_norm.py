@@ -15,16 +15,21 @@ agree to the last bit in most elements.
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from nanovllm.layers.layernorm import add_rms_norm_ref
 from nanovllm.layers.rotary_embedding import qk_norm_rope_ref
+from nanovllm.utils.pdl import pdl_launch
 
 __all__ = ["add_rms_norm", "qk_norm_rope", "add_rms_norm_ref", "qk_norm_rope_ref"]
 
 
 @triton.jit
 def _add_rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, out_ptr, sum_ptr, stride_x, stride_r, N, eps,
-                         HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+                         HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    if PDL:                       # the projection after the norm may start loading its weights (utils/pdl.py)
+        gdc_wait()
+        gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < N
@@ -50,6 +55,7 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
     _add_rms_norm_kernel[(num_tokens,)](x, x if residual is None else residual, weight, out, summed, x.stride(0),
                                         0 if residual is None else residual.stride(0), hidden, eps,
                                         HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(hidden),
+                                        **pdl_launch(x.device),
                                         num_warps=4 if hidden <= 4096 else 8)
     return out if residual is None else (out, summed)
 
@@ -77,7 +83,10 @@ def _norm_rope_heads(src_ptr, dst_ptr, weight_ptr, cos, sin, num_heads, eps, HAL
 @triton.jit
 def _qk_norm_rope_kernel(q_ptr, k_ptr, q_out_ptr, k_out_ptr, q_weight_ptr, k_weight_ptr, positions_ptr,
                          cos_sin_ptr, stride_q, stride_k, num_q_heads, num_kv_heads, eps,
-                         HALF: tl.constexpr, BLOCK_H: tl.constexpr):
+                         HALF: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr):
+    if PDL:                       # after the qkv projection (utils/pdl.py)
+        gdc_wait()
+        gdc_launch_dependents()
     token = tl.program_id(0).to(tl.int64)
     pos = tl.load(positions_ptr + token).to(tl.int64)
     cols = tl.arange(0, HALF)[None, :]
@@ -108,5 +117,5 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, q_we
     _qk_norm_rope_kernel[(num_tokens, 2)](q, k, q_out, k_out, q_weight, k_weight, positions, cos_sin_cache,
                                           q.stride(0), k.stride(0), num_heads, num_kv_heads, eps,
                                           HALF=head_dim // 2, BLOCK_H=triton.next_power_of_2(num_heads),
-                                          num_warps=4)
+                                          **pdl_launch(q.device), num_warps=4)
     return q_out, k_out

@@ -20,6 +20,8 @@ instead of 70 (awq_benchmark.md). Split-K and its fixup are the Triton GEMV's (`
 SwiGLU's down projection can take [gate | up] as is (GATED): each program first computes silu(gate) * up
 of its own groups into shared memory (float32, MAX_GROUPS groups), and its loop reads x from there, so the
 activation kernel between gate_up and down goes away at batch 1 (`AWQLinearMethod.apply_silu_and_mul`).
+On Hopper the kernel is launched with PDL (utils/pdl.py): it loads its first weight group while the kernel
+before it still runs, and waits for that kernel only before it reads x.
 Gluon does not run under the CPU interpreter: the CPU path and the CPU tests use the Triton kernels, the
 GPU tests check this one against the reference. Reference: `awq_gemm_ref` (dequantize, then matmul).
 """
@@ -37,11 +39,13 @@ from nanovllm.quant.triton_awq import (
     split_k_buffers,
     split_k_for,
 )
+from nanovllm.utils.pdl import pdl_launch
 from nanovllm.utils.tuned import device_name, read_tuned
 
 try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 except ImportError:          # a Triton without Gluon: awq_gemv keeps the Triton kernel
     gluon = None
 
@@ -101,7 +105,8 @@ if gluon is not None:
     @gluon.jit
     def _gluon_awq_gemv_kernel(x_ptr, qweight_ptr, zeros_ptr, scales_ptr, out_ptr, partial_ptr, count_ptr, N, K,
                                split_k, magic_16, magic_12, magic_8, R: gl.constexpr, C: gl.constexpr,
-                               TR: gl.constexpr, WARPS: gl.constexpr, GATED: gl.constexpr, MAX_GROUPS: gl.constexpr):
+                               TR: gl.constexpr, WARPS: gl.constexpr, GATED: gl.constexpr, MAX_GROUPS: gl.constexpr,
+                               PDL: gl.constexpr):
         ROWS: gl.constexpr = R * TR
         GROUP_SIZE: gl.constexpr = ROWS * 8
         BLOCK_N: gl.constexpr = C * (32 // TR) * WARPS
@@ -125,6 +130,9 @@ if gluon is not None:
         words = gl.load(w_ptrs + start * ROWS * N, mask=cols_3d < live, other=0)
         s = gl.load(scales_ptr + start * N + cols, mask=cols < live, other=0.0)
         z = gl.load(zeros_ptr + start * N + cols, mask=cols < live, other=0.0)
+        if PDL:         # above: weights only; below: x and the outputs, once the kernel before has finished
+            gdc_wait()
+            gdc_launch_dependents()
         if GATED:       # x = silu(gate) * up of this program's groups, computed once into shared memory
             staged: gl.constexpr = gl.BlockedLayout([1, R], [32, 1], [WARPS, 1], [1, 0])
             pair = gl.arange(0, 8 * TR, layout=gl.SliceLayout(1, staged))
@@ -192,7 +200,8 @@ def gluon_awq_gemv(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, 
     out, partial, counters = split_k_buffers(1, N, split_k, x)
     _gluon_awq_gemv_kernel[(tiles, split_k)](
         x, qweight, zeros, scales, out, partial, counters, N, K, split_k, MAGIC_BITS, MAGIC_12, MAGIC_8,
-        R=R, C=C, TR=TR, WARPS=WARPS, GATED=gated, MAX_GROUPS=max_groups, num_warps=WARPS)
+        R=R, C=C, TR=TR, WARPS=WARPS, GATED=gated, MAX_GROUPS=max_groups, num_warps=WARPS,
+        **pdl_launch(x.device))
     return out
 
 

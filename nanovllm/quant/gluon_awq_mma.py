@@ -33,6 +33,7 @@ import triton
 from nanovllm.quant.awq import awq_gemm_ref
 from nanovllm.quant.gluon_awq_gemv import gluon
 from nanovllm.quant.triton_awq import MAX_TILES, finish_split_k, split_k_buffers, split_k_for
+from nanovllm.utils.pdl import pdl_launch
 
 if gluon is not None:
     from triton.experimental.gluon import language as gl
@@ -43,7 +44,7 @@ if gluon is not None:
         warpgroup_mma_wait,
     )
 
-    from nanovllm.quant.gluon_awq_gemv import _cta_barrier
+    from nanovllm.quant.gluon_awq_gemv import _cta_barrier, gdc_launch_dependents, gdc_wait
 
     # cp.async into shared memory: async_copy_global_to_shared in Triton 3.6, async_load from 3.7
     _copy_to_shared = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
@@ -115,7 +116,7 @@ if gluon is not None:
     @gluon.jit
     def _gluon_awq_mma_kernel(x_ptr, qweight_ptr, zeros_ptr, scales_ptr, out_ptr, partial_ptr, count_ptr,
                               M, N, K, stride_xm, stride_om, split_k, BLOCK_N: gl.constexpr,
-                              BLOCK_M: gl.constexpr, WARPS: gl.constexpr, BF16: gl.constexpr):
+                              BLOCK_M: gl.constexpr, WARPS: gl.constexpr, BF16: gl.constexpr, PDL: gl.constexpr):
         ROWS: gl.constexpr = 16
         GROUP_SIZE: gl.constexpr = ROWS * 8
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
@@ -145,12 +146,15 @@ if gluon is not None:
         x_ok = gl.expand_dims(tokens_c < M, 1) & gl.expand_dims(rows_c < ROWS, 0)
         x_buf = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [2, 8 * BLOCK_M, ROWS], x_shared)  # 2 groups
 
-        _copy_to_shared(x_buf.index(0), x_ptrs + start * GROUP_SIZE, mask=x_ok & (start < end))   # first group
-        async_copy.commit_group()
         live = gl.where(start < end, N, 0)
         words = gl.load(w_ptrs + start * ROWS * N, mask=col_ok & (cols_a < live)[:, None], other=0)
         s = gl.load(scales_ptr + start * N + cols_a, mask=cols_a < live, other=0.0)
         z = gl.load(zeros_ptr + start * N + cols_a, mask=cols_a < live, other=0.0)
+        if PDL:         # above: weights only; below: x and the outputs, once the kernel before has finished
+            gdc_wait()
+            gdc_launch_dependents()
+        _copy_to_shared(x_buf.index(0), x_ptrs + start * GROUP_SIZE, mask=x_ok & (start < end))   # first group
+        async_copy.commit_group()
         acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
         for g in range(start, end):
             stage = (g - start) % 2
@@ -197,5 +201,6 @@ def gluon_awq_mma(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, s
     out, partial, counters = split_k_buffers(M, N, split_k, x)
     _gluon_awq_mma_kernel[(grid_n, grid_m, split_k)](
         x, qweight, zeros, scales, out, partial, counters, M, N, K, x.stride(0), out.stride(0), split_k,
-        BLOCK_N=block_n, BLOCK_M=block_m, WARPS=warps, BF16=x.dtype == torch.bfloat16, num_warps=warps)
+        BLOCK_N=block_n, BLOCK_M=block_m, WARPS=warps, BF16=x.dtype == torch.bfloat16, num_warps=warps,
+        **pdl_launch(x.device))
     return out

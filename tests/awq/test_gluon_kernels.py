@@ -23,6 +23,17 @@ def test_gluon_runs_only_where_it_can():
         assert not gluon_supported(x[:1].float(), 128)              # float32 needs the 128 + q floats
 
 
+def test_pdl_only_on_hopper_gpus(monkeypatch):
+    """Programmatic dependent launch (utils/pdl.py): never on CPU or in the interpreter, off with NANOVLLM_PDL=0."""
+    from nanovllm.utils.pdl import pdl_launch
+    assert pdl_launch(torch.device("cpu")) == {"PDL": False, "launch_pdl": False}
+    if torch.cuda.is_available():
+        hopper = torch.cuda.get_device_capability()[0] >= 9
+        assert pdl_launch(torch.device("cuda", 0))["launch_pdl"] == (hopper and not os.environ.get("TRITON_INTERPRET"))
+        monkeypatch.setenv("NANOVLLM_PDL", "0")
+        assert pdl_launch(torch.device("cuda", 0)) == {"PDL": False, "launch_pdl": False}
+
+
 def compile_for_hopper() -> dict:
     """{kernel: registers and stack bytes per thread} of the kernels compiled for sm_90 (no GPU needed)."""
     from nanovllm.quant import gluon_awq_gemv as g
@@ -30,13 +41,13 @@ def compile_for_hopper() -> dict:
     pointers = ["x_ptr", "qweight_ptr", "zeros_ptr", "scales_ptr", "out_ptr", "partial_ptr", "count_ptr"]
     types = ["*bf16", "*i32", "*bf16", "*bf16", "*bf16", "*fp32", "*i32"]
     gemv = {"R": g.R, "C": g.C, "TR": g.TR, "WARPS": g.WARPS}
-    return {"gemv": resources(g._gluon_awq_gemv_kernel, pointers, types, {**gemv, "GATED": False, "MAX_GROUPS": 1},
-                              g.WARPS),
+    return {"gemv": resources(g._gluon_awq_gemv_kernel, pointers, types,
+                              {**gemv, "GATED": False, "MAX_GROUPS": 1, "PDL": True}, g.WARPS),
             "gemv_gated": resources(g._gluon_awq_gemv_kernel, pointers, types,
-                                    {**gemv, "GATED": True, "MAX_GROUPS": 8}, g.WARPS),
+                                    {**gemv, "GATED": True, "MAX_GROUPS": 8, "PDL": True}, g.WARPS),
             **{f"mma_{block_m}": resources(mma._gluon_awq_mma_kernel, pointers, types,
                                            {"BLOCK_N": mma.BLOCK_N, "BLOCK_M": block_m, "WARPS": mma.WARPS,
-                                            "BF16": True}, mma.WARPS)
+                                            "BF16": True, "PDL": True}, mma.WARPS)
                for block_m in (16, 64)}}
 
 
@@ -57,7 +68,9 @@ def resources(fn, pointers: list[str], types: list[str], constexprs: dict, warps
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     usage = subprocess.run([cuobjdump, "-res-usage", path], capture_output=True, text=True, check=True).stdout
     os.remove(path)
-    return {"registers": int(usage.split("REG:")[1].split()[0]), "stack": int(usage.split("STACK:")[1].split()[0])}
+    return {"registers": int(usage.split("REG:")[1].split()[0]), "stack": int(usage.split("STACK:")[1].split()[0]),
+            "griddepcontrol": sorted({line.split()[0].rstrip(";") for line in kernel.asm["ptx"].splitlines()
+                                      if line.strip().startswith("griddepcontrol")})}
 
 
 def test_gluon_kernels_compile_for_hopper():
@@ -74,6 +87,9 @@ def test_gluon_kernels_compile_for_hopper():
     usage = json.loads(out.stdout.strip().splitlines()[-1])
     assert all(kernel["stack"] == 0 for kernel in usage.values()), usage                  # no spills
     assert usage["gemv"]["registers"] <= 168 and usage["gemv_gated"]["registers"] <= 168  # 3+ programs per SM
+    # programmatic dependent launch (utils/pdl.py): the GEMVs wait for the kernel before and release the next
+    wait_and_release = ["griddepcontrol.launch_dependents", "griddepcontrol.wait"]
+    assert all(kernel["griddepcontrol"] == wait_and_release for kernel in usage.values()), usage
 
 
 if __name__ == "__main__":
