@@ -32,7 +32,6 @@ import os
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from nanovllm.attention.torch_ref import dot_precision, kv_cache_kind, paged_attention_ref
 from nanovllm.attention.triton_tiles import (
@@ -46,7 +45,7 @@ from nanovllm.attention.triton_tiles import (
     online_softmax,
 )
 from nanovllm.quant.kv import LayerKVCache
-from nanovllm.utils.pdl import pdl_launch
+from nanovllm.utils.pdl import pdl_launch, wait_then_release
 from nanovllm.utils.tuned import device_name, num_sms, read_tuned, tuned_path
 
 DEFAULT_SETTINGS = {"block_n": 64, "num_warps": 4, "num_stages": 3}
@@ -101,9 +100,7 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, ou
                    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, DOT_PRECISION: tl.constexpr,
                    QUANT: tl.constexpr, V_GROUP: tl.constexpr, DOT_FP16: tl.constexpr, INT8_DOTS: tl.constexpr,
                    ORDERED: tl.constexpr, PDL: tl.constexpr):
-    if PDL:                       # the o projection may start loading its weights (utils/pdl.py)
-        gdc_wait()
-        gdc_launch_dependents()
+    wait_then_release(PDL)        # the o projection may start loading its weights (utils/pdl.py)
     kv_head, seq, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if ORDERED:
         seq = tl.load(order_ptr + seq)
@@ -157,9 +154,7 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, ou
 @triton.jit
 def _combine_kernel(part_acc_ptr, part_ml_ptr, out_ptr, stride_ot, stride_oh,
                     HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, PDL: tl.constexpr):
-    if PDL:                       # the o projection may start loading its weights (utils/pdl.py)
-        gdc_wait()
-        gdc_launch_dependents()
+    wait_then_release(PDL)        # the o projection may start loading its weights (utils/pdl.py)
     seq, head = tl.program_id(0), tl.program_id(1)
     rows = (seq * tl.num_programs(1) + head) * NUM_SPLITS + tl.arange(0, NUM_SPLITS)
     m = tl.load(part_ml_ptr + rows * 2)

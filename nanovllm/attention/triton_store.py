@@ -23,12 +23,11 @@ Reference: `store_kv_ref` (with the step's slot_mapping for either kernel).
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from nanovllm.attention.metadata import AttentionMetadata
 from nanovllm.attention.torch_ref import kv_cache_kind, store_kv_ref
 from nanovllm.quant.kv import MIN_SCALE, QMAX, LayerKVCache, v_key_group
-from nanovllm.utils.pdl import pdl_launch
+from nanovllm.utils.pdl import pdl_launch, wait_then_release
 
 __all__ = ["store_kv", "store_prompt_kv", "store_step_kv", "store_kv_ref"]
 QUANT_CODES = {"auto": 0, "int8": 1, "fp8": 2}
@@ -68,9 +67,7 @@ def _store_token_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_s
                         stride_v, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr,
                         QUANT: tl.constexpr, QMAX: tl.constexpr, MIN_SCALE: tl.constexpr,
                         BLOCK_SIZE: tl.constexpr, V_GROUP: tl.constexpr, PDL: tl.constexpr):
-    if PDL:                       # after the RoPE kernel (utils/pdl.py)
-        gdc_wait()
-        gdc_launch_dependents()
+    wait_then_release(PDL)        # after the RoPE kernel (utils/pdl.py)
     token = tl.program_id(0)
     slot = tl.load(slot_ptr + token).to(tl.int64)
     if slot >= 0:

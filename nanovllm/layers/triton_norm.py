@@ -15,11 +15,10 @@ agree to the last bit in most elements.
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from nanovllm.layers.layernorm import add_rms_norm_ref
 from nanovllm.layers.rotary_embedding import qk_norm_rope_ref
-from nanovllm.utils.pdl import pdl_launch
+from nanovllm.utils.pdl import pdl_launch, wait_then_release
 
 __all__ = ["add_rms_norm", "qk_norm_rope", "add_rms_norm_ref", "qk_norm_rope_ref"]
 
@@ -27,9 +26,7 @@ __all__ = ["add_rms_norm", "qk_norm_rope", "add_rms_norm_ref", "qk_norm_rope_ref
 @triton.jit
 def _add_rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, out_ptr, sum_ptr, stride_x, stride_r, N, eps,
                          HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    if PDL:                       # the projection after the norm may start loading its weights (utils/pdl.py)
-        gdc_wait()
-        gdc_launch_dependents()
+    wait_then_release(PDL)        # the projection after the norm may start loading its weights (utils/pdl.py)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < N
@@ -84,9 +81,7 @@ def _norm_rope_heads(src_ptr, dst_ptr, weight_ptr, cos, sin, num_heads, eps, HAL
 def _qk_norm_rope_kernel(q_ptr, k_ptr, q_out_ptr, k_out_ptr, q_weight_ptr, k_weight_ptr, positions_ptr,
                          cos_sin_ptr, stride_q, stride_k, num_q_heads, num_kv_heads, eps,
                          HALF: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr):
-    if PDL:                       # after the qkv projection (utils/pdl.py)
-        gdc_wait()
-        gdc_launch_dependents()
+    wait_then_release(PDL)        # after the qkv projection (utils/pdl.py)
     token = tl.program_id(0).to(tl.int64)
     pos = tl.load(positions_ptr + token).to(tl.int64)
     cols = tl.arange(0, HALF)[None, :]

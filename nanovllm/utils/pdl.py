@@ -14,26 +14,29 @@ while the norm or attention before them finishes, and every other launch overlap
 cuBLAS kernels neither wait nor release: the kernel after one starts when it ends, as without PDL.
 Rule that keeps it correct: a PDL-launched kernel reads activations and writes anything only after
 `gdc_wait()`. The instructions exist from sm_90 on and not in the CPU interpreter.
-NANOVLLM_PDL=0 turns it off (to measure what it brings).
+NANOVLLM_PDL=0 turns it off (to measure what it brings); it is read once per process and device.
 """
 import functools
 import os
 
 import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
 @functools.cache
-def _hopper_or_newer(device: torch.device) -> bool:
-    return torch.cuda.get_device_capability(device)[0] >= 9
-
-
-def pdl_enabled(device: torch.device) -> bool:
-    """Whether kernels on this device use programmatic dependent launch."""
-    return (device.type == "cuda" and os.environ.get("NANOVLLM_PDL", "1") != "0"
-            and not os.environ.get("TRITON_INTERPRET") and _hopper_or_newer(device))
-
-
 def pdl_launch(device: torch.device) -> dict:
-    """Launch arguments of a kernel with a `PDL` constexpr: the constexpr and Triton's launch option."""
-    enabled = pdl_enabled(device)
+    """Launch arguments of a kernel with a `PDL` constexpr: the constexpr and Triton's launch option (cached:
+    every kernel launch asks)."""
+    enabled = (device.type == "cuda" and os.environ.get("NANOVLLM_PDL", "1") != "0"
+               and not os.environ.get("TRITON_INTERPRET") and torch.cuda.get_device_capability(device)[0] >= 9)
     return {"PDL": enabled, "launch_pdl": enabled}
+
+
+@triton.jit
+def wait_then_release(PDL: tl.constexpr):
+    """A Triton kernel's first step: wait for the kernel before, then let the next one start."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()

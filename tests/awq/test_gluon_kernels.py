@@ -31,7 +31,9 @@ def test_pdl_only_on_hopper_gpus(monkeypatch):
         hopper = torch.cuda.get_device_capability()[0] >= 9
         assert pdl_launch(torch.device("cuda", 0))["launch_pdl"] == (hopper and not os.environ.get("TRITON_INTERPRET"))
         monkeypatch.setenv("NANOVLLM_PDL", "0")
+        pdl_launch.cache_clear()                    # read once per process and device
         assert pdl_launch(torch.device("cuda", 0)) == {"PDL": False, "launch_pdl": False}
+        pdl_launch.cache_clear()
 
 
 def compile_for_hopper() -> dict:
