@@ -115,3 +115,22 @@ def test_awq_on_gpu_equals_cpu(tmp_path):
     kw = dict(kvcache_block_size=16, max_model_len=256, num_kvcache_blocks=64, dtype="float16")
     cpu = greedy_ids(LLM(str(tmp_path), device="cpu", **kw), prompts)
     assert greedy_ids(LLM(str(tmp_path), device="cuda", **kw), prompts) == cpu
+
+
+def test_awq_greedy_ids_equal_with_and_without_pdl(tmp_path, monkeypatch):
+    """Programmatic dependent launch changes when kernels start, never what they compute (utils/pdl.py)."""
+    from awq.awq_models import make_awq_model
+
+    from nanovllm.utils.pdl import pdl_launch
+    make_awq_model(str(tmp_path), num_heads=8, num_kv_heads=2, head_dim=64)
+    rng = random.Random(3)
+    prompts = [[rng.randrange(256) for _ in range(n)] for n in (1, 7, 40)]
+    kw = dict(kvcache_block_size=16, max_model_len=256, num_kvcache_blocks=64, device="cuda")
+    ids = {}
+    for pdl in ("1", "0"):
+        monkeypatch.setenv("NANOVLLM_PDL", pdl)
+        pdl_launch.cache_clear()                    # read once per process and device
+        assert pdl_launch(torch.device("cuda", 0))["PDL"] == (pdl == "1" and torch.cuda.get_device_capability()[0] >= 9)
+        ids[pdl] = greedy_ids(LLM(str(tmp_path), **kw), prompts, 48)
+    pdl_launch.cache_clear()
+    assert ids["1"] == ids["0"]

@@ -30,7 +30,7 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
 for mode in "${@:-checks}"; do
 case "$mode" in
   checks)
-    timeout 250 python -m pytest -q -p no:cacheprovider tests/test_gpu.py tests/awq \
+    timeout 400 python -m pytest -q -p no:cacheprovider tests/test_gpu.py tests/awq \
       2>&1 | tee "$OUT/gpu_tests.log" | tail -15
     ;;
   kernels)
