@@ -144,7 +144,7 @@ def time_methods(layers: list, x: torch.Tensor, k: int, n: int, gemv_settings: l
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 2, 4, 8, 16, 64, 256, 1024, 4096])
+    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 2, 4, 8, 16, 64, 128, 192, 256, 1024, 4096])
     parser.add_argument("--models", nargs="+", default=["8B", "0.6B"], choices=list(SHAPES))
     parser.add_argument("--sweep-gemv", action="store_true", help="time the GEMV kernel's settings first")
     parser.add_argument("--out", default="benchmark_results/quantization_int_4/awq_gemm.json")
