@@ -54,6 +54,9 @@ GROUP = 128                      # its 16 word rows: the depth of one wgmma
 # two 16-bit floats whose lowest mantissa bit is worth 1: 128.0 in bf16, 1024.0 in fp16 (`nibble_asm`)
 MAGIC_PAIR = {True: 0x43004300, False: 0x64006400}
 BLOCK_N, WARPS = 128, 8          # two warpgroups, 64 output columns (wgmma's 64 rows) each
+# method "mma256" of awq_gemm: four warpgroups, 256 columns per program, so x is read from L2 half as often
+WIDE_BLOCK_N, WIDE_WARPS = 256, 16
+REGISTERS_PER_SM = 65536
 
 
 def mma_supported(x: torch.Tensor, group_size: int) -> bool:
@@ -78,6 +81,13 @@ def programs_per_sm(num_tokens: int) -> int:
     for the four 8B layers at 128 tokens against 247 with 2 (down 57 against 65), at 64 they tie (156
     against 157) and at 16 tokens 2 is faster (gate_up 31 against 41)."""
     return 2 if num_tokens <= 64 else 1
+
+
+def register_cap(warps: int) -> dict:
+    """Launch option capping registers per thread so that one program of `warps` warps fits on an SM: none for
+    8 warps (the kernel needs ~141 of the 255 allowed), 128 for 16 warps (no spills with Triton 3.6)."""
+    cap = REGISTERS_PER_SM // (32 * warps)
+    return {"maxnreg": cap} if cap < 255 else {}
 
 
 @triton.constexpr_function
@@ -198,8 +208,8 @@ def gluon_awq_mma(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, s
                   split_k: int | None = None, block_m: int | None = None, block_n: int = BLOCK_N,
                   warps: int = WARPS, per_sm: int | None = None) -> torch.Tensor:
     """x [M, K] -> [M, N] in x's dtype (`mma_supported`), weights in the kernel layout of awq.py.
-    block_n: output columns per program, a multiple of 16 per warp; split_k None: ~per_sm programs per SM
-    (None: `programs_per_sm`)."""
+    block_n: output columns per program, a multiple of 16 per warp (BLOCK_N with WARPS, or WIDE_BLOCK_N with
+    WIDE_WARPS); split_k None: ~per_sm programs per SM (None: `programs_per_sm`)."""
     (M, K), N = x.shape, scales.shape[1]
     assert mma_supported(x, K // zeros.shape[0]) and x.stride(-1) == 1 and block_n % (16 * warps) == 0
     block_m = block_m or block_m_for(M)
@@ -210,5 +220,5 @@ def gluon_awq_mma(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, s
     _gluon_awq_mma_kernel[(grid_n, grid_m, split_k)](
         x, qweight, zeros, scales, out, partial, counters, M, N, K, x.stride(0), out.stride(0), split_k,
         BLOCK_N=block_n, BLOCK_M=block_m, WARPS=warps, BF16=x.dtype == torch.bfloat16, num_warps=warps,
-        **pdl_launch(x.device))
+        **register_cap(warps), **pdl_launch(x.device))
     return out

@@ -157,7 +157,7 @@ def split_k_for(per_sm: int, tiles: int, num_groups: int, device: torch.device) 
     return max(1, min(triton.cdiv(per_sm * num_sms(device), tiles), num_groups))
 
 
-AWQ_METHODS = ("gemv", "fused", "mma", "dequant")
+AWQ_METHODS = ("gemv", "fused", "mma", "mma256", "dequant")
 TUNED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuned")
 
 
@@ -195,13 +195,13 @@ def pick_method(num_tokens: int, table: list[tuple[int, str]]) -> str:
 
 def supported_methods(num_tokens: int, group_size: int, x: torch.Tensor | None = None) -> tuple[str, ...]:
     """The kernels need the group's word rows (group / 8) as a power of 2, the tensor-core dots 16+ of them;
-    dequantize + cuBLAS runs any group (in PyTorch when the Triton kernel cannot). "mma" (gluon_awq_mma.py)
-    needs a Hopper GPU and 16-bit tokens `x`."""
+    dequantize + cuBLAS runs any group (in PyTorch when the Triton kernel cannot). "mma" and "mma256"
+    (gluon_awq_mma.py) need a Hopper GPU and 16-bit tokens `x`."""
     if not rows_form_a_block(group_size):
         return ("dequant",)
     from nanovllm.quant.gluon_awq_mma import mma_supported
     gemv = ("gemv",) if num_tokens <= GEMV_MAX_TOKENS else ()
-    mma = ("mma",) if x is not None and mma_supported(x, group_size) else ()
+    mma = ("mma", "mma256") if x is not None and mma_supported(x, group_size) else ()
     return gemv + (("fused",) if group_size // 8 >= 16 else ()) + mma + ("dequant",)
 
 
@@ -214,7 +214,8 @@ def awq_gemm(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, scales
              group_size: int, method: str | None = None, split_k: int | None = None, **gemv_settings) -> torch.Tensor:
     """x [M, K] (bf16, fp16 or fp32) -> [M, N] in x's dtype, weights in the kernel layout of awq.py.
     `method`: "gemv" (FMA kernel, up to GEMV_MAX_TOKENS tokens), "fused" (tensor-core dots, this file),
-    "mma" (wgmma with the weight in registers, Hopper; gluon_awq_mma.py), "dequant" (dequantize + cuBLAS);
+    "mma" (wgmma with the weight in registers, Hopper; gluon_awq_mma.py; "mma256": 256 output columns per
+    program instead of 128), "dequant" (dequantize + cuBLAS);
     None: the measured winner (`pick_method`) among the supported ones."""
     M, K = x.shape
     N = scales.shape[1]
@@ -232,9 +233,12 @@ def awq_gemm(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, scales
     if method == "gemv":
         from nanovllm.quant.triton_awq_gemv import awq_gemv
         return awq_gemv(x, qweight, zeros, scales, group_size, split_k=split_k, **gemv_settings)
-    if method == "mma":
-        from nanovllm.quant.gluon_awq_mma import gluon_awq_mma
-        return gluon_awq_mma(x, qweight, zeros, scales, split_k=split_k)
+    if method in ("mma", "mma256"):
+        from nanovllm.quant import gluon_awq_mma as mma
+        wide = method == "mma256"
+        return mma.gluon_awq_mma(x, qweight, zeros, scales, split_k=split_k,
+                                 block_n=mma.WIDE_BLOCK_N if wide else mma.BLOCK_N,
+                                 warps=mma.WIDE_WARPS if wide else mma.WARPS)
     block_m = 16 if M <= 16 else (32 if M <= 32 else (64 if M <= 64 else 128))
     block_n = 128
     tiles = triton.cdiv(M, block_m) * triton.cdiv(N, block_n)

@@ -41,7 +41,8 @@ from nanovllm.quant.triton_awq import (  # noqa: E402
 from nanovllm.quant.triton_awq_gemv import awq_gemv  # noqa: E402
 from nanovllm.utils.results import save_record  # noqa: E402
 
-TIMING_KEYS = {"fused": "fused_us", "gemv": "gemv_us", "mma": "mma_us", "dequant": "dequant_matmul_us"}
+TIMING_KEYS = {"fused": "fused_us", "gemv": "gemv_us", "mma": "mma_us", "mma256": "mma256_us",
+               "dequant": "dequant_matmul_us"}
 SHAPES = {"8B": {"qkv (8B)": (4096, 6144), "o (8B)": (4096, 4096), "gate_up (8B)": (4096, 24576),
                  "down (8B)": (12288, 4096)},
           "0.6B": {"qkv (0.6B)": (1024, 4096), "o (0.6B)": (2048, 1024), "gate_up (0.6B)": (1024, 6144),

@@ -32,8 +32,8 @@ def test_triton_kernels_match_reference(m, group, k, dtype):
     ref = awq_gemm_ref(x.float(), t["qweight"], t["zeros"], t["scales"], group)
     methods = supported_methods(m, group, x)
     assert ("gemv" in methods) == (m <= 8 and group != 24) and ("fused" in methods) == (group >= 128)
-    assert ("mma" in methods) == (group == 128 and dtype == torch.float16 and device == "cuda"
-                                  and torch.cuda.get_device_capability()[0] == 9)
+    hopper = group == 128 and dtype == torch.float16 and device == "cuda" and torch.cuda.get_device_capability()[0] == 9
+    assert ("mma" in methods) == ("mma256" in methods) == hopper
     for method in methods:
         out = awq_gemm(x, t["qweight"], t["zeros"], t["scales"], group, method=method)
         assert out.dtype == dtype
@@ -61,9 +61,11 @@ def test_split_k_partials_add_up_and_reset_the_counters(split_k, method, m):
 @pytest.mark.cuda
 @pytest.mark.parametrize("split_k", [1, 3, 16])
 @pytest.mark.parametrize("m", [1, 17, 100])
-def test_mma_kernel_split_k_and_ragged_tiles(split_k, m):
-    """The Hopper wgmma kernel: token tiles with rows past M, output columns past N (160 = 2.5 tiles of 64),
-    K split into uneven and empty ranges (16 splits of 4 groups); the counters reset."""
+@pytest.mark.parametrize("block_n,warps", [(128, 8), (256, 16)])
+def test_mma_kernel_split_k_and_ragged_tiles(split_k, m, block_n, warps):
+    """The Hopper wgmma kernel, 128 and 256 columns per program ("mma", "mma256"): token tiles with rows past
+    M, output columns past N (160 = 1.25 tiles of 128, 0.6 of 256), K split into uneven and empty ranges (16
+    splits of 4 groups); the counters reset."""
     from nanovllm.quant.gluon_awq_mma import gluon_awq_mma, mma_supported
     from nanovllm.quant.triton_awq import tile_counters
     x = torch.randn(m, 512, dtype=torch.bfloat16, device="cuda")
@@ -72,7 +74,7 @@ def test_mma_kernel_split_k_and_ragged_tiles(split_k, m):
     t = layer_on("cuda", 512, 160, 128)
     ref = awq_gemm_ref(x.float(), t["qweight"], t["zeros"], t["scales"], 128)
     for _ in range(2):
-        out = gluon_awq_mma(x, t["qweight"], t["zeros"], t["scales"], split_k=split_k)
+        out = gluon_awq_mma(x, t["qweight"], t["zeros"], t["scales"], split_k=split_k, block_n=block_n, warps=warps)
         assert ((out.float() - ref).norm() / ref.norm()) < 1e-2
     assert not tile_counters(x.device).any()
 

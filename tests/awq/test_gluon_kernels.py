@@ -47,13 +47,14 @@ def compile_for_hopper() -> dict:
                               {**gemv, "GATED": False, "MAX_GROUPS": 1, "PDL": True}, g.WARPS),
             "gemv_gated": resources(g._gluon_awq_gemv_kernel, pointers, types,
                                     {**gemv, "GATED": True, "MAX_GROUPS": 8, "PDL": True}, g.WARPS),
-            **{f"mma_{block_m}": resources(mma._gluon_awq_mma_kernel, pointers, types,
-                                           {"BLOCK_N": mma.BLOCK_N, "BLOCK_M": block_m, "WARPS": mma.WARPS,
-                                            "BF16": True, "PDL": True}, mma.WARPS)
+            **{f"mma{block_n}_{block_m}": resources(mma._gluon_awq_mma_kernel, pointers, types,
+                                                    {"BLOCK_N": block_n, "BLOCK_M": block_m, "WARPS": warps,
+                                                     "BF16": True, "PDL": True}, warps, mma.register_cap(warps))
+               for block_n, warps in ((mma.BLOCK_N, mma.WARPS), (mma.WIDE_BLOCK_N, mma.WIDE_WARPS))
                for block_m in (16, 64)}}
 
 
-def resources(fn, pointers: list[str], types: list[str], constexprs: dict, warps: int) -> dict:
+def resources(fn, pointers: list[str], types: list[str], constexprs: dict, warps: int, options=None) -> dict:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -63,7 +64,7 @@ def resources(fn, pointers: list[str], types: list[str], constexprs: dict, warps
     divisible = [i for i, name in enumerate(fn.arg_names) if name in pointers or name in aligned]
     src = GluonASTSource(fn=fn, signature=signature, constexprs=constexprs,
                          attrs={(i,): [["tt.divisibility", 16]] for i in divisible})
-    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, **(options or {})})
     path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"gluon_{os.getpid()}.cubin")
     with open(path, "wb") as f:
         f.write(kernel.asm["cubin"])
