@@ -54,8 +54,9 @@ GROUP = 128                      # its 16 word rows: the depth of one wgmma
 # two 16-bit floats whose lowest mantissa bit is worth 1: 128.0 in bf16, 1024.0 in fp16 (`nibble_asm`)
 MAGIC_PAIR = {True: 0x43004300, False: 0x64006400}
 BLOCK_N, WARPS = 128, 8          # two warpgroups, 64 output columns (wgmma's 64 rows) each
-# method "mma256" of awq_gemm: four warpgroups, 256 columns per program, so x is read from L2 half as often
-WIDE_BLOCK_N, WIDE_WARPS = 256, 16
+# awq_gemm's methods for this kernel -> (columns per program, warps); "mma256": four warpgroups, so each
+# program covers twice the columns and x is read from L2 half as often
+TILES = {"mma": (BLOCK_N, WARPS), "mma256": (256, 16)}
 REGISTERS_PER_SM = 65536
 
 
@@ -208,8 +209,7 @@ def gluon_awq_mma(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, s
                   split_k: int | None = None, block_m: int | None = None, block_n: int = BLOCK_N,
                   warps: int = WARPS, per_sm: int | None = None) -> torch.Tensor:
     """x [M, K] -> [M, N] in x's dtype (`mma_supported`), weights in the kernel layout of awq.py.
-    block_n: output columns per program, a multiple of 16 per warp (BLOCK_N with WARPS, or WIDE_BLOCK_N with
-    WIDE_WARPS); split_k None: ~per_sm programs per SM (None: `programs_per_sm`)."""
+    block_n: output columns per program, a multiple of 16 per warp (the pairs in TILES); split_k None: ~per_sm programs per SM (None: `programs_per_sm`)."""
     (M, K), N = x.shape, scales.shape[1]
     assert mma_supported(x, K // zeros.shape[0]) and x.stride(-1) == 1 and block_n % (16 * warps) == 0
     block_m = block_m or block_m_for(M)

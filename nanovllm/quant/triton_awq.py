@@ -199,9 +199,9 @@ def supported_methods(num_tokens: int, group_size: int, x: torch.Tensor | None =
     (gluon_awq_mma.py) need a Hopper GPU and 16-bit tokens `x`."""
     if not rows_form_a_block(group_size):
         return ("dequant",)
-    from nanovllm.quant.gluon_awq_mma import mma_supported
+    from nanovllm.quant.gluon_awq_mma import TILES, mma_supported
     gemv = ("gemv",) if num_tokens <= GEMV_MAX_TOKENS else ()
-    mma = ("mma", "mma256") if x is not None and mma_supported(x, group_size) else ()
+    mma = tuple(TILES) if x is not None and mma_supported(x, group_size) else ()
     return gemv + (("fused",) if group_size // 8 >= 16 else ()) + mma + ("dequant",)
 
 
@@ -233,12 +233,10 @@ def awq_gemm(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, scales
     if method == "gemv":
         from nanovllm.quant.triton_awq_gemv import awq_gemv
         return awq_gemv(x, qweight, zeros, scales, group_size, split_k=split_k, **gemv_settings)
-    if method in ("mma", "mma256"):
-        from nanovllm.quant import gluon_awq_mma as mma
-        wide = method == "mma256"
-        return mma.gluon_awq_mma(x, qweight, zeros, scales, split_k=split_k,
-                                 block_n=mma.WIDE_BLOCK_N if wide else mma.BLOCK_N,
-                                 warps=mma.WIDE_WARPS if wide else mma.WARPS)
+    if method.startswith("mma"):
+        from nanovllm.quant.gluon_awq_mma import TILES, gluon_awq_mma
+        block_n, warps = TILES[method]
+        return gluon_awq_mma(x, qweight, zeros, scales, split_k=split_k, block_n=block_n, warps=warps)
     block_m = 16 if M <= 16 else (32 if M <= 32 else (64 if M <= 64 else 128))
     block_n = 128
     tiles = triton.cdiv(M, block_m) * triton.cdiv(N, block_n)

@@ -50,7 +50,7 @@ def compile_for_hopper() -> dict:
             **{f"mma{block_n}_{block_m}": resources(mma._gluon_awq_mma_kernel, pointers, types,
                                                     {"BLOCK_N": block_n, "BLOCK_M": block_m, "WARPS": warps,
                                                      "BF16": True, "PDL": True}, warps, mma.register_cap(warps))
-               for block_n, warps in ((mma.BLOCK_N, mma.WARPS), (mma.WIDE_BLOCK_N, mma.WIDE_WARPS))
+               for block_n, warps in mma.TILES.values()
                for block_m in (16, 64)}}
 
 
