@@ -56,7 +56,7 @@ def test_first_step_logits_close_to_hf(model_pair):
     seqs = [Sequence(p) for p in ps]
     for seq in seqs:
         llm.scheduler.block_manager.allocate(seq)
-    logits, rows = llm.model_runner.forward_logits(ScheduledBatch(seqs, [len(p) for p in ps], True))
+    logits, rows = llm.model_runner.forward_logits(ScheduledBatch(seqs, [len(p) for p in ps]))
     assert rows == list(range(len(ps)))
     for p, got in zip(ps, logits):
         torch.testing.assert_close(got.float(), hf_logits(hf, p), atol=2e-4, rtol=2e-4)

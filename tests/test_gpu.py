@@ -41,7 +41,8 @@ def test_tiny_models_gpu_equal_cpu_and_hf(tmp_path, cfg):
     variants = [dict(num_kvcache_blocks=128),                                   # graphs, prefix cache
                 dict(num_kvcache_blocks=128, enforce_eager=True),
                 dict(num_kvcache_blocks=128, max_num_batched_tokens=32),        # chunked prefill
-                dict(num_kvcache_blocks=14, max_num_seqs=6, max_model_len=208)]  # preemption
+                dict(num_kvcache_blocks=14, max_num_seqs=6, max_model_len=208),  # preemption
+                dict(num_kvcache_blocks=128, max_num_seqs=2)]                     # mixed steps on graphs
     for v in variants:
         llm = LLM(str(tmp_path), device="cuda", **(kw | v))
         assert greedy_ids(llm, prompts) == cpu, v
@@ -62,6 +63,37 @@ def test_every_batch_size_runs_on_a_graph(tmp_path):
     a = llm.generate(prompts, params, use_tqdm=False)
     b = eager.generate(prompts, params, use_tqdm=False)
     assert [o["token_ids"] for o in a] == [o["token_ids"] for o in b]
+
+
+def test_every_mixed_graph_size_matches_eager(tmp_path):
+    """Steps with prefill chunks of exactly every captured token count, one less and one more: the graph's
+    logits equal the eager forward's for the same batch."""
+    from nanovllm.attention.metadata import use_metadata
+    from nanovllm.engine.scheduler import ScheduledBatch
+    from nanovllm.engine.sequence import Sequence
+    make_tiny_model(str(tmp_path), num_heads=4, num_kv_heads=2, head_dim=64)
+    llm = LLM(str(tmp_path), device="cuda", kvcache_block_size=16, max_model_len=512, max_num_seqs=32,
+              max_num_batched_tokens=400, num_kvcache_blocks=512, enable_prefix_caching=False)
+    runner, rng = llm.model_runner, random.Random(2)
+    assert runner.mixed_graphs.sizes == [64, 128, 192, 256, 320, 384, 400]
+    for n in sorted({m + d for m in runner.mixed_graphs.sizes for d in (-1, 0, 1)} - {401}):
+        cuts = sorted(rng.sample(range(1, n), min(rng.randrange(1, 32), n - 1)))
+        lens = [b - a for a, b in zip([0] + cuts, cuts + [n])]
+        seqs = [Sequence([rng.randrange(256) for _ in range(m + (i % 3 == 2))]) for i, m in enumerate(lens)]
+        for seq in seqs:
+            llm.scheduler.block_manager.allocate(seq)
+        batch = ScheduledBatch(seqs, lens)        # every third sequence a chunk: nothing to sample
+        assert runner._graphs_for(batch) is runner.mixed_graphs and batch.sample_rows
+        graph_logits, rows = runner.forward_logits(batch)
+        with torch.inference_mode():
+            ids, positions, meta, eager_rows = runner.prepare(batch)
+            with use_metadata(meta):
+                hidden = runner.model(ids, positions)
+            eager_logits = runner.model.compute_logits(hidden[runner._last_tokens(meta, eager_rows)])
+        assert rows == eager_rows == batch.sample_rows
+        torch.testing.assert_close(graph_logits, eager_logits, atol=2e-3, rtol=2e-3)
+        for seq in seqs:
+            llm.scheduler.block_manager.deallocate(seq)
 
 
 def test_dummy_qwen3_runs_on_gpu():

@@ -45,7 +45,7 @@ class FakeRunner:
         pass
 
     def can_launch_async(self, batch) -> bool:
-        return self.overlap and not batch.is_prefill
+        return self.overlap
 
     def run(self, batch):
         tokens = [next_token(seq.token_ids[:seq.num_computed_tokens + n]) if seq.num_computed_tokens + n == len(seq)
@@ -54,14 +54,15 @@ class FakeRunner:
 
     def launch(self, batch, prev):
         self.num_launches += 1
-        tokens = []
-        for seq in batch.seqs:
+        tokens = [None] * len(batch.seqs)
+        for row in batch.sample_rows:      # mixed steps too: a prefill chunk's last token may be in flight
+            seq = batch.seqs[row]
             ids = list(seq.token_ids)
             if ids[-1] == PLACEHOLDER:
                 ids[-1] = prev.tokens[prev.rows[seq.seq_id]]
             assert PLACEHOLDER not in ids
-            tokens.append(next_token(ids))
-        return FakePending(batch, tokens, {s.seq_id: i for i, s in enumerate(batch.seqs)})
+            tokens[row] = next_token(ids)
+        return FakePending(batch, tokens, {batch.seqs[r].seq_id: r for r in batch.sample_rows})
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
-"""Scheduler: prefill before decode, chunked prefill, max_num_seqs, preemption by recompute."""
+"""Scheduler: decodes then prefill chunks under one budget (mixed steps), chunked prefill, max_num_seqs,
+preemption by recompute."""
 from types import SimpleNamespace
 
 from nanovllm.engine.scheduler import Scheduler
@@ -56,8 +57,9 @@ def test_chunk_budget_shared_by_several_prompts():
     batch = step(sched)
     assert batch.num_new_tokens == [20, 12]
     assert len(b) == 30 and b.num_computed_tokens == 12     # no token sampled mid-prompt
-    batch = step(sched)
-    assert batch.is_prefill and batch.seqs == [b] and batch.num_new_tokens == [18]
+    batch = step(sched)                             # a decodes while b's last chunk rides along
+    assert batch.kind == "mixed" and batch.seqs == [a, b] and batch.num_new_tokens == [1, 18]
+    assert batch.num_decodes == 1 and batch.sample_rows == [0, 1]
 
 
 def test_max_num_seqs_caps_the_batch():
@@ -139,3 +141,28 @@ def test_sequence_whose_in_flight_token_is_its_last_is_not_scheduled():
     sched.postprocess(batch, [PLACEHOLDER, PLACEHOLDER])   # a's 2nd token is in flight: its last
     assert a.will_finish and not b.will_finish
     assert sched.schedule().seqs == [b] and list(sched.running) == [b, a]
+
+
+def test_newcomer_rides_along_with_decodes():
+    sched = make(max_seqs=2)
+    a, b, c = Sequence([1] * 5, SamplingParams(max_tokens=2)), Sequence([2] * 5), Sequence([3] * 7)
+    for s in (a, b, c):
+        sched.add(s)
+    assert step(sched).seqs == [a, b]                # two seats
+    assert step(sched).kind == "decode"
+    sched.finish(a, "length")
+    batch = step(sched)
+    assert batch.kind == "mixed" and batch.seqs == [b, c] and batch.num_new_tokens == [1, 7]
+
+
+def test_budget_counts_decodes_first():
+    sched = make(max_tokens=10)
+    a, b = Sequence([1] * 4), Sequence([2] * 4)
+    sched.add(a), sched.add(b)
+    step(sched)                                      # 8 prompt tokens
+    c = Sequence([3] * 30)
+    sched.add(c)
+    batch = step(sched)
+    assert batch.num_new_tokens == [1, 1, 8] and batch.num_decodes == 2 and batch.sample_rows == [0, 1]
+    batch = step(sched)
+    assert batch.num_new_tokens == [1, 1, 8] and c.num_computed_tokens == 16

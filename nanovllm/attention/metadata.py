@@ -24,6 +24,7 @@ class AttentionMetadata:
     cu_seqlens_q_cpu: list[int]
     num_decode_splits: int = 1    # split-KV factor of the decode kernel (fixed per CUDA graph)
     decode_order: torch.Tensor | None = None   # [num_seqs] int32: rows by descending context (launch order)
+    tiles: torch.Tensor | None = None          # [capacity, 2] int32 tile map of a prefill/mixed CUDA graph
 
 
 def decode_order(context_lens) -> np.ndarray:

@@ -13,6 +13,7 @@ class TritonBackend:
     """Paged attention in Triton; any block size that is a multiple of 16, head_dim a power of 2."""
     name = "triton"
     supports_cuda_graphs = True
+    supports_mixed_graphs = True      # prefill by tile map, store by slot: no host value in a step's launches
     kv_cache_dtypes = ("auto", "int8", "fp8")
 
     def plan_decode(self, num_seqs: int, num_kv_heads: int, max_context_len: int) -> int:
@@ -32,6 +33,6 @@ class TritonBackend:
     def forward(self, q, cache: LayerKVCache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         if meta.is_prefill:
             return prefill_attention(q, cache, meta.block_tables, meta.context_lens, meta.cu_seqlens_q,
-                                     meta.max_seqlen_q, scale)
+                                     meta.max_seqlen_q, scale, tiles=meta.tiles)
         return decode_attention(q, cache, meta.block_tables, meta.context_lens, scale, meta.num_decode_splits,
                                 order=meta.decode_order)

@@ -4,7 +4,9 @@ Sequence i has queries q[cu_seqlens_q[i]:cu_seqlens_q[i+1]] (n_q of them), the l
 context of context_lens[i] tokens already in the cache (prefix-cache hits and earlier chunks included).
 Query row r sits at position context_len - n_q + r and sees keys 0..that position.
 
-Grid: (query tiles of BLOCK_M, sequences, query heads). Each program streams its keys in tiles of BLOCK_N,
+Grid: (query tiles of BLOCK_M, sequences, query heads), or, in a CUDA graph, (entries of a tile map
+built on the host, 1, query heads): the graph's grid is fixed, and a map of (sequence, tile) pairs padded
+with empty entries lets one captured launch serve any mix of sequence lengths. Each program streams its keys in tiles of BLOCK_N,
 looking up each key's block in the block table (so any block size works), with the online softmax of
 FlashAttention: running max m, running sum l, rescaled accumulator. Scores use exp2 with the scale
 folded into log2(e). Only key tiles that reach the query tile's first position or the context's end are
@@ -16,6 +18,7 @@ columns, V's to the probability columns before the second dot (never a dequantiz
 memory).
 Reference: `paged_attention_ref`.
 """
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -33,20 +36,27 @@ from nanovllm.attention.triton_tiles import (
 )
 from nanovllm.quant.kv import LayerKVCache
 
-__all__ = ["prefill_attention", "paged_attention_ref"]
+__all__ = ["prefill_attention", "flat_tiles", "paged_attention_ref"]
+FLAT_BLOCK_M = 16   # query rows per tile of a tile-map launch (mixed steps: most sequences bring one query)
 
 
 @triton.jit
 def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, out_ptr, block_tables_ptr,
-                    context_lens_ptr, cu_q_ptr, qk_scale, stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
-                    stride_cb, stride_cs, stride_ch, stride_sb,
+                    context_lens_ptr, cu_q_ptr, tiles_ptr, qk_scale, stride_qt, stride_qh, stride_ot, stride_oh,
+                    stride_bt, stride_cb, stride_cs, stride_ch, stride_sb,
                     GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                    QUANT: tl.constexpr, V_GROUP: tl.constexpr, DOT_FP16: tl.constexpr, INT8_DOTS: tl.constexpr):
-    tile, seq, head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    q_start = tl.load(cu_q_ptr + seq)
-    q_len = tl.load(cu_q_ptr + seq + 1) - q_start
-    if tile * BLOCK_M < q_len:
+                    QUANT: tl.constexpr, V_GROUP: tl.constexpr, DOT_FP16: tl.constexpr, INT8_DOTS: tl.constexpr,
+                    FLAT: tl.constexpr):
+    head = tl.program_id(2)
+    if FLAT:   # one program per entry of the tile map: (sequence, query tile), sequence -1 = padding
+        seq = tl.load(tiles_ptr + 2 * tl.program_id(0))
+        tile = tl.load(tiles_ptr + 2 * tl.program_id(0) + 1)
+    else:
+        tile, seq = tl.program_id(0), tl.program_id(1)
+    q_start = tl.load(cu_q_ptr + tl.maximum(seq, 0))
+    q_len = tl.load(cu_q_ptr + tl.maximum(seq, 0) + 1) - q_start
+    if (seq >= 0) & (tile * BLOCK_M < q_len):
         context_len = tl.load(context_lens_ptr + seq)
         kv_head = head // GROUP
         offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -97,32 +107,61 @@ def prefill_settings(cache: LayerKVCache, head_dim: int, max_seqlen_q: int) -> d
     """Launch settings: 64-query tiles (16 for short chunks); 32-key tiles at head_dim 128 (64 below), and
     128 for a quantized cache, whose longer tiles spread its per-tile work (scale loads; INT8 rounds P per
     tile row) over more keys: H200, one 17.5k-token prefill step, int8 0.47 -> 0.35 ms, fp8 0.52 -> 0.40
-    (bf16 0.24 ms at 32 keys, its best)."""
+    (bf16 0.24 ms at 32 keys, its best). Long chunks (over 1,024 queries, the long workload's) take 64-key
+    tiles at head_dim 128 in bf16: H100, a 16k-token step of two prompts (12k + 4.4k) 2.03 -> 1.71 ms, a
+    16k chunk after 8k cached keys 5.97 -> 5.21 ms (128-query/128-key tiles, 8 warps: 1.69 / 5.03, but
+    slower on short chunks)."""
     block_n = 64 if head_dim <= 64 else 32
     if cache.quantized and head_dim >= 128:
         block_n = 128
+    elif max_seqlen_q > 1024:
+        block_n = 64
     return {"block_m": 64 if max_seqlen_q > 32 else 16, "block_n": block_n, "num_warps": 4, "num_stages": 2}
+
+
+def flat_tiles(q_lens, capacity: int | None = None) -> np.ndarray:
+    """The tile map of a launch that reads no host length: int32 [capacity, 2] of (sequence, query tile
+    of FLAT_BLOCK_M rows), one row per tile of every sequence's queries, then (-1, 0) rows (nothing to do).
+    A CUDA graph captures the launch over `capacity` tiles; sum(ceil(q_len / 16)) never exceeds
+    num_tokens / 16 + num_seqs."""
+    q_lens = np.asarray(q_lens, dtype=np.int64)
+    counts = (q_lens + FLAT_BLOCK_M - 1) // FLAT_BLOCK_M
+    total = int(counts.sum())
+    capacity = total if capacity is None else capacity
+    assert total <= capacity, f"{total} query tiles do not fit a map of {capacity}"
+    tiles = np.zeros((capacity, 2), dtype=np.int32)
+    tiles[:, 0] = -1
+    tiles[:total, 0] = np.repeat(np.arange(len(q_lens)), counts)
+    tiles[:total, 1] = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
+    return tiles
 
 
 def prefill_attention(q: torch.Tensor, cache: LayerKVCache, block_tables: torch.Tensor, context_lens: torch.Tensor,
                       cu_seqlens_q: torch.Tensor, max_seqlen_q: int, scale: float,
-                      settings: dict | None = None) -> torch.Tensor:
+                      settings: dict | None = None, tiles: torch.Tensor | None = None) -> torch.Tensor:
     """q [num_tokens, num_heads, head_dim] -> out of the same shape. `settings`: launch settings
-    ({"block_m", "block_n", "num_warps", "num_stages"}), by default `prefill_settings`."""
+    ({"block_m", "block_n", "num_warps", "num_stages"}), by default `prefill_settings`. `tiles`: a tile
+    map on the device (`flat_tiles`), for a launch whose grid depends on no host value (CUDA graphs):
+    max_seqlen_q is then ignored and query tiles have FLAT_BLOCK_M rows. Rows of q that no tile covers
+    (padding) are left unwritten."""
     k_cache, v_cache = cache.k, cache.v
     num_tokens, num_heads, head_dim = q.shape
     block_size, num_kv_heads = check_paged_inputs(q, cache, block_tables)
-    settings = settings or prefill_settings(cache, head_dim, max_seqlen_q)
+    if tiles is not None:
+        settings = {**(settings or prefill_settings(cache, head_dim, 1)), "block_m": FLAT_BLOCK_M}
+        grid = (tiles.shape[0], 1, num_heads)
+    else:
+        settings = settings or prefill_settings(cache, head_dim, max_seqlen_q)
+        grid = (triton.cdiv(max_seqlen_q, settings["block_m"]), context_lens.shape[0], num_heads)
     out = torch.empty_like(q)
-    grid = (triton.cdiv(max_seqlen_q, settings["block_m"]), context_lens.shape[0], num_heads)
     k_scale, v_scale = (cache.k_scale, cache.v_scale) if cache.quantized else (k_cache, v_cache)
     _prefill_kernel[grid](q, k_cache, v_cache, k_scale, v_scale, out, block_tables, context_lens, cu_seqlens_q,
-                          scale * 1.4426950408889634, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+                          cu_seqlens_q if tiles is None else tiles, scale * 1.4426950408889634, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
                           block_tables.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
                           k_scale.stride(0) if cache.quantized else 0, QUANT=cache.quantized,
                           V_GROUP=cache.v_group, **dot_kinds(cache, q.dtype),
                           GROUP=num_heads // num_kv_heads, BLOCK_SIZE=block_size, HEAD_DIM=head_dim,
                           BLOCK_M=settings["block_m"], BLOCK_N=settings["block_n"],
-                          DOT_PRECISION=dot_precision(q.dtype),
+                          DOT_PRECISION=dot_precision(q.dtype), FLAT=tiles is not None,
                           num_warps=settings["num_warps"], num_stages=settings["num_stages"])
     return out

@@ -162,8 +162,9 @@ def store_prompt_kv(k: torch.Tensor, v: torch.Tensor, cache: LayerKVCache, meta:
 
 
 def store_step_kv(k: torch.Tensor, v: torch.Tensor, cache: LayerKVCache, meta: AttentionMetadata) -> None:
-    """This step's K/V into the cache: by windows of each prompt in a prefill, by token in a decode step."""
-    if meta.is_prefill:
+    """This step's K/V into the cache: by windows of each prompt in an eager prefill, by token in a decode
+    step or a CUDA graph's prefill (whose grid cannot depend on the step's longest chunk)."""
+    if meta.is_prefill and meta.tiles is None:
         store_prompt_kv(k, v, cache, meta)
     else:
         store_kv(k, v, cache, meta.slot_mapping)

@@ -11,6 +11,7 @@ the next larger graph, its padding rows having slot -1 (nothing written) and con
 read). Block-table rows are rewritten in full each step, so no stale entry survives from an earlier batch.
 The host also writes the decode launch order (rows by descending context, metadata.decode_order).
 """
+import numpy as np
 import torch
 
 from nanovllm.attention.metadata import AttentionMetadata, decode_order, use_metadata
@@ -66,6 +67,7 @@ class DecodeGraphs:
             pool = graph.pool()
             self.graphs[bs] = graph
             torch.cuda.synchronize()
+        self.pool = pool                           # shared with the mixed-step graphs
 
     def can_run(self, num_seqs: int) -> bool:
         return num_seqs <= self.sizes[-1]
@@ -104,3 +106,126 @@ class DecodeGraphs:
                                               self.input_ids[:bs])
         self.graphs[graph_bs].replay()
         return self.outputs[:bs]
+
+
+MIXED_MAX_TOKENS = 4096   # larger steps run eagerly: their GPU work outweighs the launches by far
+
+
+def mixed_token_sizes(max_tokens: int) -> list[int]:
+    """Token counts captured for steps that carry prefill chunks: every 64 up to 1,024, every 128 up to
+    2,048, every 256 up to max_tokens (always included): a step pads at most 1/8 of its tokens past 512."""
+    sizes = set(range(64, 1025, 64)) | set(range(1152, 2049, 128)) | set(range(2304, max_tokens + 1, 256))
+    return sorted({s for s in sizes if s <= max_tokens} | {max_tokens})
+
+
+class MixedGraphs:
+    """CUDA graphs for steps that carry prefill chunks (with or without decodes), one per padded token
+    count. What a prefill launch usually takes from the host (the longest chunk, the number of sequences)
+    is replaced by device buffers: the attention reads a tile map of (sequence, query tile) pairs
+    (triton_prefill.flat_tiles) and K/V are stored by slot. Sequences up to max_num_seqs; padding tokens
+    have slot -1 and belong to no tile, padding sequences have no query and context 0."""
+
+    def __init__(self, model: torch.nn.Module, config, hidden_size: int, pool=None):
+        from nanovllm.attention.triton_prefill import FLAT_BLOCK_M, flat_tiles
+        self.model, self.block_size, self.flat_tiles = model, config.kvcache_block_size, flat_tiles
+        self.max_tokens = min(MIXED_MAX_TOKENS, config.max_num_batched_tokens)
+        self.sizes = mixed_token_sizes(self.max_tokens)
+        t, s = self.max_tokens, config.max_num_seqs
+        self.max_seqs, self.max_blocks = s, (config.max_model_len + self.block_size - 1) // self.block_size
+        self.capacity = {n: n // FLAT_BLOCK_M + min(n, s) for n in self.sizes}   # tiles per graph
+        tiles = self.capacity[self.sizes[-1]]
+        # staging: [input_ids | positions | slot_mapping | source row] x t, sampled token index x s: int64;
+        # [context_lens s | cu_seqlens_q s + 1 | tile map 2 * tiles | block_tables s * max_blocks]: int32
+        self.len64, self.len32 = 4 * t + s, 2 * s + 1 + 2 * tiles + s * self.max_blocks
+        self.hosts = [(torch.zeros(self.len64, dtype=torch.int64, pin_memory=True),
+                       torch.zeros(self.len32, dtype=torch.int32, pin_memory=True)) for _ in range(2)]
+        self.turn = 0
+        self.dev64, self.dev32 = self.hosts[0][0].cuda(), self.hosts[0][1].cuda()
+        self.input_ids, self.positions, self.slots, self.src_rows = self.dev64[:4 * t].view(4, t)
+        self.last_tokens = self.dev64[4 * t:]
+        self.context_lens, self.cu_seqlens_q = self.dev32[:s], self.dev32[s:2 * s + 1]
+        self.tiles = self.dev32[2 * s + 1:2 * s + 1 + 2 * tiles].view(tiles, 2)
+        self.block_tables = self.dev32[2 * s + 1 + 2 * tiles:].view(s, self.max_blocks)
+        self.outputs = torch.zeros(t, hidden_size, dtype=config.dtype, device="cuda")
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.pool = pool
+        self._capture_all()
+
+    def _meta(self, n: int) -> AttentionMetadata:
+        return AttentionMetadata(is_prefill=True, slot_mapping=self.slots[:n], context_lens=self.context_lens,
+                                 block_tables=self.block_tables, cu_seqlens_q=self.cu_seqlens_q,
+                                 max_seqlen_q=n, max_seqlen_k=0, context_lens_cpu=[], cu_seqlens_q_cpu=[],
+                                 tiles=self.tiles[:self.capacity[n]])
+
+    @torch.inference_mode()
+    def _capture_all(self) -> None:
+        self.slots.fill_(-1)                  # capture-time runs write no cache and read none
+        self.tiles[:, 0] = -1
+        self.context_lens.zero_()
+        self.cu_seqlens_q.zero_()
+        for n in reversed(self.sizes):
+            graph = torch.cuda.CUDAGraph()
+            with use_metadata(self._meta(n)):
+                self.outputs[:n] = self.model(self.input_ids[:n], self.positions[:n])   # warm-up
+                with torch.cuda.graph(graph, self.pool):
+                    self.outputs[:n] = self.model(self.input_ids[:n], self.positions[:n])
+            self.pool = graph.pool()
+            self.graphs[n] = graph
+            torch.cuda.synchronize()
+
+    def can_run(self, batch) -> bool:
+        return batch.num_tokens <= self.max_tokens and len(batch.seqs) <= self.max_seqs
+
+    def run(self, batch, prev=None) -> torch.Tensor:
+        """Hidden states [len(batch.sample_rows), hidden] at the last token of every sequence whose step
+        reaches its end. A placeholder input token is gathered from `prev`'s sampled ids."""
+        num_tokens, num_seqs = batch.num_tokens, len(batch.seqs)
+        n = next(s for s in self.sizes if s >= num_tokens)
+        t, s, bs = self.max_tokens, self.max_seqs, self.block_size
+        host64, host32 = self.hosts[self.turn]
+        self.turn ^= 1
+        h64, h32 = host64.numpy(), host32.numpy()
+        ids, pos, slots, src = h64[:4 * t].reshape(4, t)
+        last = h64[4 * t:]
+        ctx, cu = h32[:s], h32[s:2 * s + 1]
+        tiles = h32[2 * s + 1:2 * s + 1 + 2 * self.capacity[self.sizes[-1]]]
+        tables = h32[2 * s + 1 + len(tiles):].reshape(s, self.max_blocks)
+        tables[:num_seqs] = -1
+        src[:num_tokens] = -1
+        gather = False
+        q = 0
+        for i, (seq, num_new) in enumerate(zip(batch.seqs, batch.num_new_tokens)):
+            start = seq.num_computed_tokens
+            end = start + num_new
+            table = seq.block_table
+            tables[i, :len(table)] = table
+            if num_new == 1:     # a decode row (or a one-token chunk): no arrays
+                ids[q], pos[q] = seq.token_ids[start], start
+                slots[q] = table[start // bs] * bs + start % bs
+            else:
+                p = np.arange(start, end)
+                ids[q:q + num_new] = seq.token_ids[start:end]
+                pos[q:q + num_new] = p
+                slots[q:q + num_new] = np.asarray(table)[p // bs] * bs + p % bs
+            if seq.token_ids[end - 1] == PLACEHOLDER:   # only a sequence's last token is ever one
+                src[q + num_new - 1] = prev.rows[seq.seq_id]
+                gather = True
+            q += num_new
+            ctx[i], cu[i + 1] = end, q
+        cu[0] = 0
+        ids[num_tokens:n] = pos[num_tokens:n] = 0
+        slots[num_tokens:n] = -1
+        ctx[num_seqs:] = 0
+        cu[num_seqs + 1:] = num_tokens
+        cap = self.capacity[n]
+        tiles[:2 * cap] = self.flat_tiles(batch.num_new_tokens, cap).reshape(-1)
+        rows = batch.sample_rows
+        last[:len(rows)] = [cu[r + 1] - 1 for r in rows]
+        self.dev64.copy_(host64, non_blocking=True)
+        self.dev32.copy_(host32, non_blocking=True)
+        if gather:
+            src_rows = self.src_rows[:num_tokens]
+            self.input_ids[:num_tokens] = torch.where(src_rows >= 0, prev.token_ids[src_rows.clamp(min=0)],
+                                                      self.input_ids[:num_tokens])
+        self.graphs[n].replay()
+        return self.outputs[self.last_tokens[:len(rows)]]

@@ -45,11 +45,11 @@ class LLMEngine:
         Sequence.block_size = config.kvcache_block_size
         self.model_runner = ModelRunner(config)
         self.scheduler = Scheduler(config, self.model_runner.num_kvcache_blocks)
-        self.pending = None   # the decode step in flight, whose tokens the host has not read
+        self.pending = None   # the step in flight, whose tokens the host has not read
         # gpu_wait_s: host time blocked on an overlapped step's results; near 0 means the host, not the
         # GPU, sets the decode pace
-        self.stats = {"prefill_steps": 0, "prefill_tokens": 0, "prefill_s": 0.0, "decode_steps": 0,
-                      "decode_tokens": 0, "decode_s": 0.0, "gpu_wait_s": 0.0}
+        self.stats = {f"{kind}_{what}": 0 for kind in ("prefill", "mixed", "decode")
+                      for what in ("steps", "tokens", "s")} | {"gpu_wait_s": 0.0}
 
     def shutdown(self) -> None:
         """End tensor-parallel workers and the process group (also done by `del llm` and at exit)."""
@@ -92,31 +92,34 @@ class LLMEngine:
         return seq
 
     # ---- steps ----------------------------------------------------------------------------------
-    def step(self) -> tuple[list[Sequence], int, bool]:
-        """One scheduled batch: returns (finished sequences, tokens computed, was it prefill).
+    def step(self) -> tuple[list[Sequence], int, str]:
+        """One scheduled batch: returns (finished sequences, tokens computed, the step's kind: 'decode',
+        'prefill' or 'mixed').
 
-        Decode steps that run on CUDA graphs overlap with the host: step N is launched before step N-1's
-        tokens are read, so the host's bookkeeping for N-1 runs while the GPU computes N. Step N's
-        sequences carry a PLACEHOLDER last token until then; its value reaches the GPU directly."""
-        finished = self._drain() if self.scheduler.waiting else []   # a prefill needs every token known
+        Steps that run on CUDA graphs overlap with the host: step N is launched before step N-1's tokens
+        are read, so the host's bookkeeping for N-1 runs while the GPU computes N. Step N's sequences carry
+        a PLACEHOLDER last token until then; its value reaches the GPU directly. A step that runs eagerly
+        reads every token from the host, so it waits for the step in flight first."""
         batch = self.scheduler.schedule()
         if not batch.seqs:
             if self.pending is None:
                 raise RuntimeError("no sequence fits in the KV cache; raise num_kvcache_blocks or lower "
                                    "max_model_len")
-            return finished + self._drain(), 0, False
+            return self._drain(), 0, "decode"
         if self.model_runner.can_launch_async(batch):
             launched = self.model_runner.launch(batch, self.pending)
-            finished += self._drain()
-            self.scheduler.postprocess(batch, [PLACEHOLDER] * len(batch.seqs))
+            finished = self._drain()
+            sampled = set(batch.sample_rows)
+            self.scheduler.postprocess(batch, [PLACEHOLDER if i in sampled else None
+                                               for i in range(len(batch.seqs))])
             self.pending = launched
         else:
-            finished += self._drain()
+            finished = self._drain()
             token_ids, logprobs = self.model_runner.run(batch)
             sampled = self.scheduler.postprocess(batch, token_ids)
             self._attach_logprobs(batch.seqs, logprobs)
             finished += [seq for seq in sampled if self._check_stop(seq)]
-        return finished, batch.num_tokens, batch.is_prefill
+        return finished, batch.num_tokens, batch.kind
 
     def _drain(self) -> list[Sequence]:
         """Read the in-flight step's tokens into their placeholders and apply the stop checks."""
@@ -126,14 +129,14 @@ class LLMEngine:
         start = time.perf_counter()
         token_ids, logprobs = pending.collect()
         self.stats["gpu_wait_s"] += time.perf_counter() - start
-        live = [not seq.is_finished for seq in pending.batch.seqs]
-        for seq, token_id, alive in zip(pending.batch.seqs, token_ids, live):
-            if alive:
-                assert seq.token_ids[-1] == PLACEHOLDER
-                seq.token_ids[-1] = token_id
-        logprobs.sampled = {row: d for row, d in logprobs.sampled.items() if live[row]}
-        self._attach_logprobs(pending.batch.seqs, logprobs)
-        return [seq for seq, alive in zip(pending.batch.seqs, live) if alive and self._check_stop(seq)]
+        seqs = pending.batch.seqs
+        live = {row for row in pending.batch.sample_rows if not seqs[row].is_finished}
+        for row in live:
+            assert seqs[row].token_ids[-1] == PLACEHOLDER
+            seqs[row].token_ids[-1] = token_ids[row]
+        logprobs.sampled = {row: d for row, d in logprobs.sampled.items() if row in live}
+        self._attach_logprobs(seqs, logprobs)
+        return [seqs[row] for row in sorted(live) if self._check_stop(seqs[row])]
 
     @staticmethod
     def _attach_logprobs(seqs: list[Sequence], logprobs) -> None:
@@ -220,21 +223,17 @@ class LLMEngine:
 
     def _run_until_done(self, outputs: list, index: dict[int, int], use_tqdm: bool) -> None:
         bar = tqdm(total=len(index), desc="Generating", dynamic_ncols=True, disable=not use_tqdm)
-        prefill_tps = decode_tps = 0.0
+        rates = {}
         while not self.scheduler.is_finished():
             t = time.perf_counter()
-            finished, num_tokens, is_prefill = self.step()
+            finished, num_tokens, kind = self.step()
             elapsed = time.perf_counter() - t
-            rate = num_tokens / max(elapsed, 1e-9)
-            kind = "prefill" if is_prefill else "decode"
+            rates[kind] = f"{num_tokens / max(elapsed, 1e-9):.0f}tok/s"
             self.stats[f"{kind}_steps"] += 1
             self.stats[f"{kind}_tokens"] += num_tokens
             self.stats[f"{kind}_s"] += elapsed
-            if is_prefill:
-                prefill_tps = rate
-            else:
-                decode_tps = rate
-            bar.set_postfix(prefill=f"{prefill_tps:.0f}tok/s", decode=f"{decode_tps:.0f}tok/s")
+            if use_tqdm:
+                bar.set_postfix(rates)
             for seq in finished:
                 outputs[index[seq.seq_id]] = self.output(seq)
                 bar.update(1)

@@ -10,7 +10,7 @@ import torch.distributed as dist
 from nanovllm.attention.backend import get_attention_backend
 from nanovllm.attention.metadata import AttentionMetadata, decode_order, use_metadata
 from nanovllm.config import Config
-from nanovllm.engine.cuda_graph import DecodeGraphs
+from nanovllm.engine.cuda_graph import DecodeGraphs, MixedGraphs
 from nanovllm.engine.logprobs import (
     StepLogprobs,
     prompt_logprobs,
@@ -35,17 +35,20 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class PendingStep:
-    """A decode step launched on the GPU whose sampled ids the host has not read yet."""
+    """A step launched on the GPU whose sampled ids the host has not read yet."""
     batch: ScheduledBatch
-    token_ids: torch.Tensor          # [num_seqs] on the GPU: the next step reads its inputs from here
-    rows: dict[int, int]             # seq_id -> row in token_ids
+    token_ids: torch.Tensor          # [len(batch.sample_rows)] on the GPU: the next step reads inputs here
+    rows: dict[int, int]             # seq_id -> its entry in token_ids
     host: torch.Tensor               # pinned copy of token_ids, valid once `done` has fired
     done: torch.cuda.Event
     wanted_logprobs: object = None   # (rows, TokenLogprobs) for rows that asked for logprobs
 
-    def collect(self) -> tuple[list[int], StepLogprobs]:
+    def collect(self) -> tuple[list[int | None], StepLogprobs]:
+        """The sampled id of every batch row (None for a chunk that does not reach its prompt's end)."""
         self.done.synchronize()
-        token_ids = self.host.tolist()
+        token_ids: list[int | None] = [None] * len(self.batch.seqs)
+        for row, token_id in zip(self.batch.sample_rows, self.host.tolist()):
+            token_ids[row] = token_id
         return token_ids, StepLogprobs(sampled_dicts(self.wanted_logprobs, self.batch.seqs, token_ids))
 
 
@@ -82,12 +85,14 @@ class ModelRunner:
         self.sampler = Sampler()
         self.sampling_inputs = SamplingInputs(config.max_num_seqs, self.device, hf.vocab_size)
         self.vocab_size = hf.vocab_size
+        self.graphs = self.mixed_graphs = None      # captured after the cache is sized
         self.num_kvcache_blocks = self._decide_num_blocks()
         self._allocate_kv_cache(self.num_kvcache_blocks)
-        self.graphs = None
         if self.device.type == "cuda" and not config.enforce_eager and self.backend.supports_cuda_graphs:
             layer = self.attention_layers[0]
             self.graphs = DecodeGraphs(self.model, self.backend, config, hf.hidden_size, layer.num_kv_heads)
+            if getattr(self.backend, "supports_mixed_graphs", False):
+                self.mixed_graphs = MixedGraphs(self.model, config, hf.hidden_size, pool=self.graphs.pool)
             # two of each, alternating: step N's are written while step N-1's may still be in use
             self._token_hosts = [torch.zeros(config.max_num_seqs, dtype=torch.int64, pin_memory=True)
                                  for _ in range(2)]
@@ -168,7 +173,7 @@ class ModelRunner:
         blocks_per_seq = warmup_blocks // num_seqs
         for i, seq in enumerate(seqs):
             seq.block_table = list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq))
-        self.run(ScheduledBatch(seqs, [seq_len] * num_seqs, is_prefill=True), mirror=False)
+        self.run(ScheduledBatch(seqs, [seq_len] * num_seqs), mirror=False)
         torch.cuda.synchronize()
         # gpu_memory_utilization is this engine's share of the card: its weights and peak activations
         # (what this process allocated since the engine started), the CUDA context, then the KV cache.
@@ -232,11 +237,12 @@ class ModelRunner:
         pos = torch.from_numpy(np.concatenate(positions)).to(**to)
         return ids, pos, meta, sample_rows
 
-    def _forward(self, batch: ScheduledBatch):
-        """Hidden states, the batch rows to sample, and the metadata (None on a CUDA graph, where every
-        row samples and the hidden states are already those of the last tokens)."""
-        if self.can_launch_async(batch):
-            return self.graphs.run(batch.seqs), list(range(len(batch.seqs))), None
+    def _forward(self, batch: ScheduledBatch, prev: PendingStep | None = None):
+        """Hidden states, the batch rows to sample, and the metadata (None on a CUDA graph, whose hidden
+        states are already those of the sampled rows' last tokens)."""
+        graphs = self._graphs_for(batch)
+        if graphs is not None:
+            return graphs.run(batch if graphs is self.mixed_graphs else batch.seqs, prev), batch.sample_rows, None
         input_ids, positions, meta, sample_rows = self.prepare(batch)
         with use_metadata(meta):
             return self.model(input_ids, positions), sample_rows, meta
@@ -297,12 +303,24 @@ class ModelRunner:
             step_logprobs.sampled = sampled_dicts(wanted, batch.seqs, token_ids)
         return token_ids, step_logprobs
 
+    def _graphs_for(self, batch: ScheduledBatch):
+        """The CUDA graphs that run this step, or None (eager): decode graphs for decode steps, mixed graphs
+        for steps with prefill chunks up to their token limit, unless a request wants prompt logprobs
+        (which need every position's hidden state)."""
+        if not batch.is_prefill:
+            return self.graphs if self.graphs is not None and self.graphs.can_run(len(batch.seqs)) else None
+        if self.mixed_graphs is None or not self.mixed_graphs.can_run(batch):
+            return None
+        if any(seq.sampling_params.prompt_logprobs is not None for seq in batch.seqs[batch.num_decodes:]):
+            return None
+        return self.mixed_graphs
+
     def can_launch_async(self, batch: ScheduledBatch) -> bool:
-        """Decode steps on CUDA graphs can be launched without waiting for the previous step's tokens."""
-        return not batch.is_prefill and self.graphs is not None and self.graphs.can_run(len(batch.seqs))
+        """Steps on CUDA graphs can be launched without waiting for the previous step's tokens."""
+        return self._graphs_for(batch) is not None
 
     def launch(self, batch: ScheduledBatch, prev: PendingStep | None) -> PendingStep:
-        """Enqueue a decode step (inputs, graph, logits, sampling, copy of the ids to the host); no wait.
+        """Enqueue a step on CUDA graphs (inputs, graph, logits, sampling, copy of the ids to the host); no wait.
         Sequences whose last token is a placeholder take it from `prev` on the GPU."""
         if self.workers is not None and self.rank == 0:
             self.workers.call("launch", batch)
@@ -311,15 +329,21 @@ class ModelRunner:
 
     @torch.inference_mode()
     def _launch(self, batch: ScheduledBatch, prev: PendingStep | None) -> PendingStep:
-        logits = self.model.compute_logits(self.graphs.run(batch.seqs, prev))
-        token_ids = self.sampler(logits, self.sampling_inputs.tensors(batch.seqs))
-        if self.config.tensor_parallel_size > 1:
-            dist.broadcast(token_ids, src=0)       # every rank feeds rank 0's samples to the next step
-        wanted = sampled_logprobs(logits, token_ids, batch.seqs, list(range(len(batch.seqs))))
-        host = self._token_hosts[self._flip][:len(batch.seqs)]
+        hidden_states, sample_rows, _ = self._forward(batch, prev)
+        seqs = [batch.seqs[row] for row in sample_rows]
+        wanted = None
+        if seqs:
+            logits = self.model.compute_logits(hidden_states)
+            token_ids = self.sampler(logits, self.sampling_inputs.tensors(seqs))
+            if self.config.tensor_parallel_size > 1:
+                dist.broadcast(token_ids, src=0)       # every rank feeds rank 0's samples to the next step
+            wanted = sampled_logprobs(logits, token_ids, batch.seqs, sample_rows)
+        else:   # only chunks that end mid-prompt: nothing to sample
+            token_ids = torch.zeros(0, dtype=torch.int64, device=self.device)
+        host = self._token_hosts[self._flip][:len(seqs)]
         host.copy_(token_ids, non_blocking=True)
         done = self._events[self._flip]
         done.record()
         self._flip ^= 1
-        rows = {seq.seq_id: i for i, seq in enumerate(batch.seqs)}
+        rows = {seq.seq_id: i for i, seq in enumerate(seqs)}
         return PendingStep(batch, token_ids, rows, host, done, wanted)

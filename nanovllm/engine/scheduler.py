@@ -1,13 +1,18 @@
 """Continuous batching: which sequences run this step, and how many tokens each.
 
 Every scheduled entry is (seq, num_new_tokens): the step computes tokens
-[seq.num_computed_tokens, seq.num_computed_tokens + num_new_tokens) of the sequence. A prefill step takes
-waiting sequences (new, or preempted and to be recomputed) and cuts the last one to fit
-`max_num_batched_tokens` (chunked prefill); a decode step gives every running sequence one token. A
-sequence yields a new token only when its step reaches its last token.
+[seq.num_computed_tokens, seq.num_computed_tokens + num_new_tokens) of the sequence. One step fills one
+token budget (`max_num_batched_tokens`), as vLLM V1 and SGLang do:
+1. decodes first: every running sequence gets one token (the newest gives way, preempted, when the cache
+   has no block for it);
+2. then prefill chunks: waiting sequences (new, or preempted and to be recomputed) take what is left of
+   the budget and of the `max_num_seqs` seats, the last one cut to fit (chunked prefill).
+A step with both is a mixed step: a newcomer's prompt rides along with the running sequences' decodes
+instead of stopping them for a step of its own. Decode rows come first in the batch. A sequence yields a
+new token only when its step reaches its last token.
 """
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from nanovllm.config import Config
 from nanovllm.engine.block_manager import BlockManager
@@ -16,14 +21,32 @@ from nanovllm.engine.sequence import Sequence, SequenceStatus
 
 @dataclass
 class ScheduledBatch:
-    """What one step computes."""
+    """What one step computes: rows 0..num_decodes-1 are decodes (one token each), the rest prefill
+    chunks. sample_rows: the rows whose step reaches their sequence's last token (they get a token)."""
     seqs: list[Sequence]
     num_new_tokens: list[int]
-    is_prefill: bool
+    num_decodes: int = 0
+    sample_rows: list[int] = field(init=False)
+
+    def __post_init__(self):
+        self.sample_rows = [i for i, (seq, n) in enumerate(zip(self.seqs, self.num_new_tokens))
+                            if seq.num_computed_tokens + n == len(seq)]
 
     @property
     def num_tokens(self) -> int:
         return sum(self.num_new_tokens)
+
+    @property
+    def is_prefill(self) -> bool:
+        """Any prefill chunk in the step (a pure prefill or a mixed step): attention runs varlen."""
+        return self.num_decodes < len(self.seqs)
+
+    @property
+    def kind(self) -> str:
+        """'decode', 'prefill' or 'mixed' (both), for step statistics."""
+        if not self.is_prefill:
+            return "decode"
+        return "mixed" if self.num_decodes else "prefill"
 
 
 class Scheduler:
@@ -45,15 +68,35 @@ class Scheduler:
         self.waiting.append(seq)
 
     def schedule(self) -> ScheduledBatch:
-        """The next batch; empty only when every running sequence is already known to finish."""
-        batch = self._schedule_prefill()
-        if batch.seqs:
-            return batch
-        return self._schedule_decode()
+        """The next batch: decodes, then prefill chunks, under one token budget. Empty only when every
+        running sequence is already known to finish and no waiting one fits."""
+        seqs, counts = self._schedule_decodes(self.max_num_batched_tokens)
+        num_decodes = len(seqs)
+        self._schedule_prefills(self.max_num_batched_tokens - num_decodes, seqs, counts)
+        return ScheduledBatch(seqs, counts, num_decodes)
 
-    def _schedule_prefill(self) -> ScheduledBatch:
-        seqs, counts = [], []
-        budget = self.max_num_batched_tokens
+    def _schedule_decodes(self, budget: int) -> tuple[list[Sequence], list[int]]:
+        """One token for each running sequence, oldest first, while the budget lasts."""
+        seqs, skipped = [], []
+        while self.running and len(seqs) < budget:
+            seq = self.running.popleft()
+            if seq.will_finish:
+                skipped.append(seq)   # waits for its in-flight token; nothing more to compute
+                continue
+            while not self.block_manager.can_append(seq):
+                if self.running:
+                    self.preempt(self.running.pop())   # the newest request gives way
+                else:
+                    self.preempt(seq)
+                    break
+            else:
+                self.block_manager.may_append(seq)
+                seqs.append(seq)
+        self.running.extendleft(reversed(seqs + skipped))
+        return seqs, [1] * len(seqs)
+
+    def _schedule_prefills(self, budget: int, seqs: list[Sequence], counts: list[int]) -> None:
+        """Waiting sequences in order, under the budget and the free seats; the last one may be a chunk."""
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             if not seq.block_table:
@@ -69,26 +112,6 @@ class Scheduler:
                 break   # the rest of this prompt goes in the next step's chunk
             seq.status = SequenceStatus.RUNNING
             self.running.append(self.waiting.popleft())
-        return ScheduledBatch(seqs, counts, is_prefill=True)
-
-    def _schedule_decode(self) -> ScheduledBatch:
-        seqs, done = [], []
-        while self.running and len(seqs) < self.max_num_seqs:
-            seq = self.running.popleft()
-            if seq.will_finish:
-                done.append(seq)      # waits for its in-flight token; nothing more to compute
-                continue
-            while not self.block_manager.can_append(seq):
-                if self.running:
-                    self.preempt(self.running.pop())   # the newest request gives way
-                else:
-                    self.preempt(seq)
-                    break
-            else:
-                self.block_manager.may_append(seq)
-                seqs.append(seq)
-        self.running.extendleft(reversed(seqs + done))
-        return ScheduledBatch(seqs, [1] * len(seqs), is_prefill=False)
 
     def preempt(self, seq: Sequence) -> None:
         """Free the sequence's blocks; it will be prefilled again over all its tokens (recompute)."""

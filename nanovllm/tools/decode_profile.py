@@ -50,6 +50,25 @@ def union_length(spans: list[tuple[float, float]]) -> float:
     return total + (cur_end - cur_start if cur_end is not None else 0.0)
 
 
+def profile_steps(llm, steps: int) -> dict:
+    """Profile the engine's next `steps` steps (requests already added): the GPU's idle fraction between
+    the first and last kernel, and the time per step."""
+    torch.cuda.synchronize()
+    done = 0
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        while not llm.scheduler.is_finished() and done < steps:
+            llm.step()
+            done += 1
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - start
+    spans = busy_intervals(prof)
+    window = spans[-1][1] - spans[0][0]
+    busy = union_length(spans)
+    return {"steps": done, "wall_ms_per_step": round(1e3 * wall / done, 3),
+            "gpu_busy_ms_per_step": round(busy / 1e3 / done, 3), "idle_fraction": round(1 - busy / window, 4)}
+
+
 def requests(args) -> list[tuple[list[int], int]]:
     random.seed(0)
     if args.bench_workload:

@@ -22,14 +22,16 @@ def bench_kv_bytes(kv_cache_dtype: str) -> float:
 
 
 def bench_rows(root: str) -> list[str]:
-    rows = ["| engine | model | GPU | KV dtype | output tokens | seconds | tokens/s | decode s (host waiting on GPU) "
-            "| date | file |", "|---|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| engine | workload | model | GPU | KV dtype | output tokens | seconds | tokens/s | x floor "
+            "| steps prefill / mixed / decode | date | file |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for path, r in load_records(root, "bench/*.json"):
         model = r["model"] + (" (dummy)" if r.get("load_format") == "dummy" else "")
         steps = r.get("step_stats", {})
-        decode = f"{steps['decode_s']:.2f} ({steps['gpu_wait_s']:.2f})" if "gpu_wait_s" in steps else "-"
-        rows.append(f"| {r['engine']} | {model} | {r['gpu']} | {r['settings'].get('kv_cache_dtype', 'auto')} "
-                    f"| {r['output_tokens']} | {r['seconds']:.2f} | {r['tokens_per_s']:,.0f} | {decode} "
+        kinds = " / ".join(str(int(steps.get(f"{k}_steps", 0))) for k in ("prefill", "mixed", "decode"))
+        ratio = r.get("seconds_over_floor")
+        rows.append(f"| {r['engine']} | {r.get('workload', 'random')} | {model} | {r['gpu']} "
+                    f"| {r['settings'].get('kv_cache_dtype', 'auto')} | {r['output_tokens']} | {r['seconds']:.2f} "
+                    f"| {r['tokens_per_s']:,.0f} | {ratio if ratio else '-'} | {kinds if steps else '-'} "
                     f"| {r['date'][:10]} | `{path}` |")
     return rows
 

@@ -83,7 +83,7 @@ def test_engine_equals_hf_on_dequantized_weights(awq_pair):
     seq = Sequence(prompts[1])
     llm.scheduler.block_manager.allocate(seq)
     seq.num_computed_tokens = 0                          # compute every position, cached or not
-    logits, _ = llm.model_runner.forward_logits(ScheduledBatch([seq], [len(seq)], True))
+    logits, _ = llm.model_runner.forward_logits(ScheduledBatch([seq], [len(seq)]))
     torch.testing.assert_close(logits[0].float().cpu(), hf_logits(hf, prompts[1]), atol=2e-4, rtol=2e-4)
 
 
@@ -108,7 +108,7 @@ def test_fused_activation_in_the_engine_on_gpu(tmp_path):
     def last_logits(prompt):
         seq = Sequence(prompt)
         llm.scheduler.block_manager.allocate(seq)
-        logits, _ = llm.model_runner.forward_logits(ScheduledBatch([seq], [len(seq)], True))
+        logits, _ = llm.model_runner.forward_logits(ScheduledBatch([seq], [len(seq)]))
         llm.scheduler.block_manager.deallocate(seq)
         return logits[0].float().cpu()
 

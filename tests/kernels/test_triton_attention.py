@@ -9,7 +9,7 @@ from nanovllm.quant.kv import LayerKVCache, allocate, dequantize_ref, quantize_r
 
 triton = pytest.importorskip("triton")
 from nanovllm.attention.triton_decode import decode_attention, num_decode_splits  # noqa: E402
-from nanovllm.attention.triton_prefill import prefill_attention  # noqa: E402
+from nanovllm.attention.triton_prefill import flat_tiles, prefill_attention  # noqa: E402
 from nanovllm.attention.triton_store import store_kv, store_prompt_kv  # noqa: E402
 from nanovllm.attention.triton_tiles import round_rows_to_int8  # noqa: E402
 
@@ -159,6 +159,35 @@ def test_prefill_matches_reference(dtype, heads, head_dim, block_size, shape, kv
                             scale)
     ref = paged_attention_ref(q, cache, meta, scale)
     assert rel_err(out, ref) < TOL[dtype]
+
+
+def test_flat_tile_map_lists_every_query_tile_then_padding():
+    tiles = flat_tiles([1, 40, 16, 17], capacity=10)
+    assert tiles.tolist() == [[0, 0], [1, 0], [1, 1], [1, 2], [2, 0], [3, 0], [3, 1], [-1, 0], [-1, 0], [-1, 0]]
+    with pytest.raises(AssertionError):
+        flat_tiles([40], capacity=2)
+
+
+# a mixed step: decodes (one query over a long context) beside prompt chunks, one of them after a prefix hit
+MIXED_SHAPE = ([1, 1, 1, 37, 5], [90, 3, 41, 37, 60]) if not CUDA else ([1] * 200 + [700, 33], [1500] * 200 + [700, 900])
+
+
+@pytest.mark.parametrize("kv_cache_dtype", KV_DTYPES)
+@pytest.mark.parametrize("spare_tiles", [0, 7])
+def test_prefill_by_tile_map_matches_reference(kv_cache_dtype, spare_tiles):
+    """The launch a CUDA graph captures: a fixed grid over a tile map with padding entries, padding query
+    rows past the step's tokens (left unwritten); the step's rows equal the reference."""
+    query_lens, context_lens = MIXED_SHAPE
+    q, cache, meta = make_case(query_lens, context_lens, 4, 2, HEAD_DIMS[-1], 16, DTYPES[0], DEVICE,
+                               kv_cache_dtype=kv_cache_dtype)
+    num_tokens = q.shape[0]
+    padded = torch.cat([q, torch.randn(5, *q.shape[1:], dtype=q.dtype, device=DEVICE)])
+    tiles = flat_tiles(query_lens)
+    tiles = torch.from_numpy(flat_tiles(query_lens, len(tiles) + spare_tiles)).to(DEVICE)
+    out = prefill_attention(padded, cache, meta.block_tables, meta.context_lens, meta.cu_seqlens_q, 0, 0.1,
+                            tiles=tiles)
+    ref = paged_attention_ref(q, cache, meta, 0.1)
+    assert rel_err(out[:num_tokens], ref) < TOL[DTYPES[0]]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

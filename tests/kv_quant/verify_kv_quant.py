@@ -32,7 +32,7 @@ def teacher_forced_logprobs(llm: LLM, token_ids: list[int], slice_rows: int = 25
     manager.allocate(seq)
     seq.num_computed_tokens = 0           # compute every position, cached or not
     try:
-        hidden, _, _ = llm.model_runner._forward(ScheduledBatch([seq], [len(seq)], is_prefill=True))
+        hidden, _, _ = llm.model_runner._forward(ScheduledBatch([seq], [len(seq)]))
         rows = [llm.model_runner.model.compute_logits(hidden[i:i + slice_rows]).float().log_softmax(-1)
                 for i in range(0, len(token_ids) - 1, slice_rows)]
     finally:
