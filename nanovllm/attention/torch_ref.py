@@ -14,11 +14,6 @@ from nanovllm.attention.metadata import AttentionMetadata
 from nanovllm.quant.kv import LayerKVCache, dequantize_ref, quantize_ref
 
 
-def dot_precision(dtype: torch.dtype) -> str:
-    """Triton kernels keep float32 models in true float32 (no TF32), so they agree with this reference."""
-    return "ieee" if dtype == torch.float32 else "tf32"
-
-
 def kv_cache_kind(cache: LayerKVCache) -> str:
     if not cache.quantized:
         return "auto"

@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from nanovllm.attention.torch_ref import dot_precision, kv_cache_kind, paged_attention_ref
+from nanovllm.attention.torch_ref import kv_cache_kind, paged_attention_ref
 from nanovllm.attention.triton_tiles import (
     check_paged_inputs,
     dot_kinds,
@@ -46,6 +46,7 @@ from nanovllm.attention.triton_tiles import (
 )
 from nanovllm.quant.kv import LayerKVCache
 from nanovllm.utils.pdl import pdl_launch, wait_then_release
+from nanovllm.utils.precision import dot_precision
 from nanovllm.utils.tuned import device_name, num_sms, read_tuned, tuned_path
 
 DEFAULT_SETTINGS = {"block_n": 64, "num_warps": 4, "num_stages": 3}

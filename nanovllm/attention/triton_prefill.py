@@ -6,9 +6,9 @@ Query row r sits at position context_len - n_q + r and sees keys 0..that positio
 
 Grid: (query tiles of BLOCK_M, sequences, query heads), or, in a CUDA graph, (entries of a tile map
 built on the host, 1, query heads): the graph's grid is fixed, and a map of (sequence, tile) pairs padded
-with empty entries lets one captured launch serve any mix of sequence lengths. Each program streams its keys in tiles of BLOCK_N,
-looking up each key's block in the block table (so any block size works), with the online softmax of
-FlashAttention: running max m, running sum l, rescaled accumulator. Scores use exp2 with the scale
+with empty entries lets one captured launch serve any mix of sequence lengths. Each program streams its
+keys in tiles of BLOCK_N, looking up each key's block in the block table (so any block size works), with
+the online softmax of FlashAttention: running max m, running sum l, rescaled accumulator. Scores use exp2 with the scale
 folded into log2(e). Only key tiles that reach the query tile's first position or the context's end are
 masked; the ones before it are visible to every row. With an FP8 cache the tiles are converted to float16
 in registers and the dots run in float16 (the query converted once, as in the decode kernel); with an INT8
@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from nanovllm.attention.torch_ref import dot_precision, paged_attention_ref
+from nanovllm.attention.torch_ref import paged_attention_ref
 from nanovllm.attention.triton_tiles import (
     check_paged_inputs,
     dot_kinds,
@@ -35,6 +35,7 @@ from nanovllm.attention.triton_tiles import (
     online_softmax,
 )
 from nanovllm.quant.kv import LayerKVCache
+from nanovllm.utils.precision import dot_precision
 
 __all__ = ["prefill_attention", "flat_tiles", "paged_attention_ref"]
 FLAT_BLOCK_M = 16   # query rows per tile of a tile-map launch (mixed steps: most sequences bring one query)
@@ -156,7 +157,8 @@ def prefill_attention(q: torch.Tensor, cache: LayerKVCache, block_tables: torch.
     out = torch.empty_like(q)
     k_scale, v_scale = (cache.k_scale, cache.v_scale) if cache.quantized else (k_cache, v_cache)
     _prefill_kernel[grid](q, k_cache, v_cache, k_scale, v_scale, out, block_tables, context_lens, cu_seqlens_q,
-                          cu_seqlens_q if tiles is None else tiles, scale * 1.4426950408889634, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+                          cu_seqlens_q if tiles is None else tiles, scale * 1.4426950408889634,
+                          q.stride(0), q.stride(1), out.stride(0), out.stride(1),
                           block_tables.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
                           k_scale.stride(0) if cache.quantized else 0, QUANT=cache.quantized,
                           V_GROUP=cache.v_group, **dot_kinds(cache, q.dtype),

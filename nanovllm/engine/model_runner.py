@@ -25,7 +25,7 @@ from nanovllm.layers.attention import Attention
 from nanovllm.layers.sampler import Sampler, SamplingTensors
 from nanovllm.models import get_model_class
 from nanovllm.quant import kv as kv_quant
-from nanovllm.quant.awq import read_awq_config
+from nanovllm.quant.awq_method import read_awq_config
 from nanovllm.utils.compile import set_compile_enabled
 from nanovllm.utils.distributed import get_tp_rank
 from nanovllm.utils.loader import load_dummy, load_model, process_weights_after_loading
@@ -59,7 +59,7 @@ class ModelRunner:
         self.config = config
         self.workers = None
         if config.tensor_parallel_size > 1 and not dist.is_initialized():
-            self.workers = WorkerGroup(config)     # rank 0: spawn ranks 1..N-1, join the process group
+            self.workers = WorkerGroup(config, type(self))   # rank 0: spawn ranks 1..N-1, join the group
         try:
             self._setup(config)
         except BaseException:

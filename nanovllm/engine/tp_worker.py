@@ -18,6 +18,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from nanovllm.engine.sequence import Sequence
+
 TIMEOUT = timedelta(minutes=10)   # a collective that waits this long on a silent peer fails
 
 
@@ -36,13 +38,13 @@ def init_distributed(config, rank: int, port: int) -> None:
                             rank=rank, timeout=TIMEOUT)
 
 
-def worker_main(config, rank: int, port: int, commands, errors) -> None:
-    from nanovllm.engine.model_runner import ModelRunner
-    from nanovllm.engine.sequence import Sequence
+def worker_main(runner_class, config, rank: int, port: int, commands, errors) -> None:
+    """A rank's loop: build `runner_class(config)` (the ModelRunner, passed in so that this module does not
+    import the runner that imports it) and run the commands rank 0 sends."""
     Sequence.block_size = config.kvcache_block_size
     try:
         init_distributed(config, rank, port)
-        runner, pending = ModelRunner(config), None
+        runner, pending = runner_class(config), None
         while True:
             method, args = commands.get()
             if method == "exit":
@@ -63,14 +65,15 @@ def worker_main(config, rank: int, port: int, commands, errors) -> None:
 class WorkerGroup:
     """Ranks 1..N-1 as spawned processes, and rank 0's end of their command queues."""
 
-    def __init__(self, config):
+    def __init__(self, config, runner_class):
         ctx = mp.get_context("spawn")
         port = free_port()
         self.errors = ctx.Queue()
         self.queues, self.processes = [], []
         for rank in range(1, config.tensor_parallel_size):
             commands = ctx.Queue()
-            process = ctx.Process(target=worker_main, args=(config, rank, port, commands, self.errors), daemon=True)
+            process = ctx.Process(target=worker_main,
+                                  args=(runner_class, config, rank, port, commands, self.errors), daemon=True)
             process.start()
             self.queues.append(commands)
             self.processes.append(process)

@@ -16,11 +16,9 @@ import torch
 import triton
 import triton.language as tl
 
-from nanovllm.layers.layernorm import add_rms_norm_ref
-from nanovllm.layers.rotary_embedding import qk_norm_rope_ref
 from nanovllm.utils.pdl import pdl_launch, wait_then_release
 
-__all__ = ["add_rms_norm", "qk_norm_rope", "add_rms_norm_ref", "qk_norm_rope_ref"]
+__all__ = ["add_rms_norm", "qk_norm_rope"]
 
 
 @triton.jit

@@ -19,9 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from nanovllm.layers.sampler import sample_ref
-
-__all__ = ["sample", "sample_ref"]
+__all__ = ["sample"]
 BLOCK_V = 4096
 
 

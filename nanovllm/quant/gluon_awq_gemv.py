@@ -30,26 +30,23 @@ import functools
 import torch
 import triton
 
-from nanovllm.quant.awq import awq_gemm_ref
-from nanovllm.quant.triton_awq import (
+from nanovllm.quant.awq_common import (
     MAGIC_BITS,
     MAX_TILES,
     TUNED_DIR,
+    cta_barrier,
     finish_split_k,
+    gdc_launch_dependents,
+    gdc_wait,
+    gl,
+    gluon,
     split_k_buffers,
     split_k_for,
 )
 from nanovllm.utils.pdl import pdl_launch
 from nanovllm.utils.tuned import device_name, read_tuned
 
-try:
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-except ImportError:          # a Triton without Gluon: awq_gemv keeps the Triton kernel
-    gluon = None
-
-__all__ = ["awq_gemm_ref", "gated_split_k", "gluon_awq_gemv", "gluon_supported"]
+__all__ = ["gated_split_k", "gluon_awq_gemv", "gluon_supported"]
 GROUP = 128                  # the tile's 16 word rows are one group
 R, C, TR, WARPS = 2, 8, 8, 4
 BLOCK_N = C * (32 // TR) * WARPS
@@ -69,9 +66,6 @@ def ampere_or_newer(device: torch.device) -> bool:
 
 
 if gluon is not None:
-    # Triton 3.6 calls the CTA-wide barrier thread_barrier, later versions barrier
-    _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
-
     @gluon.jit
     def masked_float(v, bit: gl.constexpr, magic_16, magic_12, magic_8):
         """The nibble at bits bit..bit+3 of v, OR-ed into the float whose mantissa bit `bit` is worth 1."""
@@ -146,7 +140,7 @@ if gluon is not None:
                 gate = gl.load(x_ptr + k, mask=ok, other=0.0).to(gl.float32)
                 up = gl.load(x_ptr + K + k, mask=ok, other=0.0).to(gl.float32)
                 x_groups.index(q).store((gate / (1.0 + gl.exp(-gate)) * up).to(x_ptr.dtype.element_ty).to(gl.float32))
-            _cta_barrier()
+            cta_barrier()
         acc = gl.zeros([TR, BLOCK_N], gl.float32, layout=acc_layout)
         for g in range(start, end):
             live = gl.where(g + 1 < end, N, 0)                  # the next group's loads, one group ahead

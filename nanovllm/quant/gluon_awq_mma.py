@@ -30,13 +30,20 @@ import functools
 import torch
 import triton
 
-from nanovllm.quant.awq import awq_gemm_ref
-from nanovllm.quant.gluon_awq_gemv import gluon
-from nanovllm.quant.triton_awq import MAX_TILES, finish_split_k, split_k_buffers, split_k_for
+from nanovllm.quant.awq_common import (
+    MAX_TILES,
+    cta_barrier,
+    finish_split_k,
+    gdc_launch_dependents,
+    gdc_wait,
+    gl,
+    gluon,
+    split_k_buffers,
+    split_k_for,
+)
 from nanovllm.utils.pdl import pdl_launch
 
 if gluon is not None:
-    from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.ampere import async_copy
     from triton.experimental.gluon.language.nvidia.hopper import (
         fence_async_shared,
@@ -44,12 +51,10 @@ if gluon is not None:
         warpgroup_mma_wait,
     )
 
-    from nanovllm.quant.gluon_awq_gemv import _cta_barrier, gdc_launch_dependents, gdc_wait
-
     # cp.async into shared memory: async_copy_global_to_shared in Triton 3.6, async_load from 3.7
     _copy_to_shared = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
 
-__all__ = ["awq_gemm_ref", "gluon_awq_mma", "mma_supported"]
+__all__ = ["gluon_awq_mma", "mma_supported"]
 GROUP = 128                      # its 16 word rows: the depth of one wgmma
 # two 16-bit floats whose lowest mantissa bit is worth 1: 128.0 in bf16, 1024.0 in fp16 (`nibble_asm`)
 MAGIC_PAIR = {True: 0x43004300, False: 0x64006400}
@@ -178,7 +183,7 @@ if gluon is not None:
             stage = (g - start) % 2
             async_copy.wait_group(0)              # this group's x has landed (this thread's copies)
             fence_async_shared()                  # ... is visible to wgmma
-            _cta_barrier()                        # ... for every thread, and the other buffer is free again
+            cta_barrier()                        # ... for every thread, and the other buffer is free again
             if g + 1 < end:
                 _copy_to_shared(x_buf.index(1 - stage), x_ptrs + (g + 1) * GROUP_SIZE, mask=x_ok)
             async_copy.commit_group()
@@ -209,7 +214,8 @@ def gluon_awq_mma(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, s
                   split_k: int | None = None, block_m: int | None = None, block_n: int = BLOCK_N,
                   warps: int = WARPS, per_sm: int | None = None) -> torch.Tensor:
     """x [M, K] -> [M, N] in x's dtype (`mma_supported`), weights in the kernel layout of awq.py.
-    block_n: output columns per program, a multiple of 16 per warp (the pairs in TILES); split_k None: ~per_sm programs per SM (None: `programs_per_sm`)."""
+    block_n: output columns per program, a multiple of 16 per warp (the pairs in TILES); split_k None:
+    ~per_sm programs per SM (None: `programs_per_sm`)."""
     (M, K), N = x.shape, scales.shape[1]
     assert mma_supported(x, K // zeros.shape[0]) and x.stride(-1) == 1 and block_n % (16 * warps) == 0
     block_m = block_m or block_m_for(M)

@@ -17,53 +17,29 @@ registers. `awq_gemm` picks the method that tests/awq/bench_gemm.py measured fas
 shape. Reference: `awq_gemm_ref` (dequantize, then matmul).
 """
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
 
-from nanovllm.attention.torch_ref import dot_precision
-from nanovllm.quant.awq import awq_gemm_ref, dequantize_packed
-from nanovllm.utils.tuned import device_name, num_sms, read_tuned, tuned_path
+from nanovllm.quant.awq import dequantize_packed
+from nanovllm.quant.awq_common import (
+    MAGIC_BITS,
+    MAX_TILES,
+    TUNED_DIR,
+    finish_split_k,
+    magic_nibble,
+    measured_at,
+    split_k_buffers,
+    split_k_for,
+    tile_counters,
+)
+from nanovllm.utils.precision import dot_precision
+from nanovllm.utils.tuned import device_name, read_tuned, tuned_path
 
-__all__ = ["awq_gemm", "awq_gemm_ref", "awq_dequantize", "dequantize_packed"]
+__all__ = ["awq_gemm", "awq_dequantize", "tile_counters"]
 DEQUANT_MIN_TOKENS = 128   # without a measured table: from this many tokens on, dequantize once + cuBLAS
-MAGIC_BITS = 0x43000000   # 128.0 in float32, see magic_nibble
-MAX_TILES = 1 << 16        # split-K counters, one per output tile
 GEMV_MAX_TOKENS = 8        # the FMA kernel shares the unpacking between tokens, but not the FMAs
-
-
-@triton.jit
-def magic_nibble(words, i: tl.constexpr, magic):
-    """128 + nibble i of each int32 word, as float32 with no conversion instruction: the nibble is moved to
-    bits 16..19 and OR-ed into 128.0 = 0x43000000 (`magic`), whose mantissa bit 16 is worth exactly 1.
-    `magic` is a kernel argument, not a literal, so that mask and OR fit one LOP3 (one immediate and one
-    constant-bank operand; two immediates take two instructions)."""
-    if i < 4:
-        v = words << (16 - 4 * i)
-    elif i > 4:
-        v = words >> (4 * i - 16)
-    else:
-        v = words
-    return ((v & 0x000F0000) | magic).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def finish_split_k(y, out_ptrs, partial_ptrs, split_stride, count_ptr, mask, split, split_k):
-    """Store y: directly, or as one of split_k partials that the last program adds up (also called by the
-    Gluon kernels)."""
-    if split_k == 1:
-        tl.store(out_ptrs, y.to(out_ptrs.dtype.element_ty), mask=mask)
-    else:
-        tl.store(partial_ptrs + split * split_stride, y, mask=mask)
-        tl.debug_barrier()                       # every thread's partial is written before the count says so
-        if tl.atomic_add(count_ptr, 1, sem="acq_rel") == split_k - 1:
-            total = tl.load(partial_ptrs, mask=mask, other=0.0, cache_modifier=".cg")
-            for s in range(1, split_k):
-                total += tl.load(partial_ptrs + s * split_stride, mask=mask, other=0.0, cache_modifier=".cg")
-            tl.store(out_ptrs, total.to(out_ptrs.dtype.element_ty), mask=mask)
-            tl.atomic_xchg(count_ptr, 0)
 
 
 @triton.jit
@@ -129,36 +105,7 @@ def awq_dequantize(qweight: torch.Tensor, zeros: torch.Tensor, scales: torch.Ten
     return out
 
 
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-
-
-def tile_counters(device: torch.device) -> torch.Tensor:
-    """Zeroed int32 counters, one per output tile, kept zero by the kernels themselves. Allocated on the
-    first (eager) call: a CUDA graph captured later must keep pointing at the same memory. One set per
-    device, so two split-K AWQ kernels must not run at once on two streams (the engine uses one)."""
-    if device not in _COUNTERS:
-        assert not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()), \
-            "run awq_gemv once outside CUDA-graph capture first (the engine's warm-up does)"
-        _COUNTERS[device] = torch.zeros(MAX_TILES, dtype=torch.int32, device=device)
-    return _COUNTERS[device]
-
-
-def split_k_buffers(M: int, N: int, split_k: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
-                                                                            torch.Tensor]:
-    """(output [M, N] in x's dtype, float32 partials [split_k, M, N] (the output itself when not split),
-    the tile counters) for a kernel that ends in `finish_split_k`."""
-    out = torch.empty(M, N, dtype=x.dtype, device=x.device)
-    partial = torch.empty(split_k, M, N, dtype=torch.float32, device=x.device) if split_k > 1 else out
-    return out, partial, tile_counters(x.device)
-
-
-def split_k_for(per_sm: int, tiles: int, num_groups: int, device: torch.device) -> int:
-    """K splits that put ~per_sm programs on every SM for `tiles` output tiles, in whole groups (>= 1 each)."""
-    return max(1, min(triton.cdiv(per_sm * num_sms(device), tiles), num_groups))
-
-
 AWQ_METHODS = ("gemv", "fused", "mma", "mma256", "dequant")
-TUNED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuned")
 
 
 def tuned_methods_path(gpu_name: str) -> str:
@@ -175,12 +122,6 @@ def tuned_methods(gpu_name: str, k: int = 0, n: int = 0) -> list[tuple[int, str]
         return []
     fastest = record.get("fastest_by_shape", {}).get(f"{k}x{n}", record["fastest"])
     return sorted((int(tokens), method) for tokens, method in fastest.items())
-
-
-def measured_at(num_tokens: int, table: list[tuple[int, object]]):
-    """The entry of a [(token count, choice)] table, sorted by count, measured at the nearest count at or
-    above num_tokens (the largest count's beyond it); None for an empty table."""
-    return next((choice for tokens, choice in table if num_tokens <= tokens), table[-1][1] if table else None)
 
 
 def pick_method(num_tokens: int, table: list[tuple[int, str]]) -> str:

@@ -24,9 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from nanovllm.quant.awq import awq_gemm_ref
-from nanovllm.quant.gluon_awq_gemv import gluon_awq_gemv, gluon_supported
-from nanovllm.quant.triton_awq import (
+from nanovllm.quant.awq_common import (
     MAGIC_BITS,
     MAX_TILES,
     TUNED_DIR,
@@ -36,9 +34,10 @@ from nanovllm.quant.triton_awq import (
     split_k_buffers,
     split_k_for,
 )
+from nanovllm.quant.gluon_awq_gemv import gluon_awq_gemv, gluon_supported
 from nanovllm.utils.tuned import device_name, read_tuned
 
-__all__ = ["awq_gemv", "awq_gemm_ref"]
+__all__ = ["awq_gemv"]
 
 
 @triton.jit

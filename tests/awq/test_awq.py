@@ -10,13 +10,13 @@ from tiny_models import hf_greedy, hf_logits
 from awq.awq_models import GROUP, dequantized_hf, make_awq_model
 from nanovllm import LLM, SamplingParams
 from nanovllm.quant.awq import (
-    AWQConfig,
     dequantize_awq,
     dequantize_packed,
     pack_awq,
     repack_awq,
     unpack_awq,
 )
+from nanovllm.quant.awq_method import AWQConfig
 from nanovllm.quant.awq_quantize import fake_quantize, quantize_rtn, to_awq_tensors
 
 KW = dict(kvcache_block_size=16, num_kvcache_blocks=64, max_model_len=256)
@@ -94,7 +94,7 @@ def test_fused_activation_in_the_engine_on_gpu(tmp_path):
     weights (float32) to bf16 accuracy."""
     from nanovllm.engine.scheduler import ScheduledBatch
     from nanovllm.engine.sequence import Sequence
-    from nanovllm.quant.awq import AWQLinearMethod
+    from nanovllm.quant.awq_method import AWQLinearMethod
     from nanovllm.quant.gluon_awq_gemv import gluon_supported
     if not gluon_supported(torch.zeros(1, 128, dtype=torch.bfloat16, device="cuda"), 128):
         pytest.skip("needs a Triton with Gluon")

@@ -107,7 +107,7 @@ def test_gated_gemv_matches_silu_and_mul(k, n):
 
 def test_fused_activation_only_where_the_gluon_gemv_runs():
     """On the CPU (and for more than one token) the MLP applies silu_and_mul itself."""
-    from nanovllm.quant.awq import AWQConfig, AWQLinearMethod
+    from nanovllm.quant.awq_method import AWQConfig, AWQLinearMethod
     method = AWQLinearMethod(AWQConfig(group_size=128))
     layer = torch.nn.Module()
     method.create_weights(layer, 256, 64)

@@ -169,7 +169,8 @@ def test_flat_tile_map_lists_every_query_tile_then_padding():
 
 
 # a mixed step: decodes (one query over a long context) beside prompt chunks, one of them after a prefix hit
-MIXED_SHAPE = ([1, 1, 1, 37, 5], [90, 3, 41, 37, 60]) if not CUDA else ([1] * 200 + [700, 33], [1500] * 200 + [700, 900])
+MIXED_SHAPE = ([1, 1, 1, 37, 5], [90, 3, 41, 37, 60]) if not CUDA else \
+    ([1] * 200 + [700, 33], [1500] * 200 + [700, 900])
 
 
 @pytest.mark.parametrize("kv_cache_dtype", KV_DTYPES)

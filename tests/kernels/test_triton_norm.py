@@ -2,13 +2,11 @@
 import pytest
 import torch
 
+from nanovllm.layers.layernorm import add_rms_norm_ref
+from nanovllm.layers.rotary_embedding import qk_norm_rope_ref
+
 triton = pytest.importorskip("triton")
-from nanovllm.layers.triton_norm import (  # noqa: E402
-    add_rms_norm,
-    add_rms_norm_ref,
-    qk_norm_rope,
-    qk_norm_rope_ref,
-)
+from nanovllm.layers.triton_norm import add_rms_norm, qk_norm_rope  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"

@@ -2,8 +2,10 @@
 import pytest
 import torch
 
+from nanovllm.layers.sampler import sample_ref
+
 triton = pytest.importorskip("triton")
-from nanovllm.layers.triton_sampler import sample, sample_ref  # noqa: E402
+from nanovllm.layers.triton_sampler import sample  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
