@@ -21,7 +21,7 @@ dots run on the INT8 tensor cores (the query rounded per row to INT8 once, P tim
 row of each tile; triton_tiles.int8_scores / int8_pv), which needs tiles of at least 32 keys.
 Launch settings (keys per tile, warps, pipeline stages) come per GPU model, KV cache dtype and launch size
 (programs per SM, fixed per CUDA graph by its batch size) from tuned/decode-<GPU>.json, as vLLM ships tuned
-kernel configs per device; DEFAULT_SETTINGS elsewhere. `tests/kv_quant/bench_decode_steps.py --write`
+kernel configs per device; DEFAULT_SETTINGS elsewhere. `benchmarks/bench_decode_steps.py --write`
 writes it from bench.py's decode steps timed in CUDA graphs: on the H200 an INT8 or FP8 cache runs full
 batches fastest as 2-warp programs over 64-key tiles, and fewer programs as larger ones over 128 keys.
 Reference: `paged_attention_ref` with one query per sequence.

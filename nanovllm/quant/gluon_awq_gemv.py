@@ -173,7 +173,7 @@ if gluon is not None:
 
 @functools.cache
 def tuned_split(gpu_name: str, k: int, n: int) -> int | None:
-    """The split-K that tests/awq/bench_gemm.py --sweep-gemv --write measured fastest for [k, n] on this GPU
+    """The split-K that benchmarks/bench_gemm.py --sweep-gemv --write measured fastest for [k, n] on this GPU
     model, None if it was not measured."""
     return read_tuned(TUNED_DIR, "awq", gpu_name).get("gluon_gemv_by_shape", {}).get(f"{k}x{n}")
 

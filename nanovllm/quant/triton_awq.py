@@ -13,7 +13,7 @@ fill the GPU, K is split over programs; the last program of each tile adds the p
 (`finish_split_k`). For a few tokens (decode) triton_awq_gemv.py streams the weight through FMAs; for many
 (prefill) the weight is dequantized once into a temporary and cuBLAS multiplies (`awq_dequantize`).
 On Hopper, gluon_awq_mma.py multiplies batches of tokens on the tensor cores with the weight dequantized in
-registers. `awq_gemm` picks the method that tests/awq/bench_gemm.py measured fastest on this GPU model and layer
+registers. `awq_gemm` picks the method that benchmarks/bench_gemm.py measured fastest on this GPU model and layer
 shape. Reference: `awq_gemm_ref` (dequantize, then matmul).
 """
 import functools
@@ -114,7 +114,7 @@ def tuned_methods_path(gpu_name: str) -> str:
 
 @functools.cache
 def tuned_methods(gpu_name: str, k: int = 0, n: int = 0) -> list[tuple[int, str]]:
-    """[(token count, fastest method)] that `tests/awq/bench_gemm.py --write` measured on this GPU model:
+    """[(token count, fastest method)] that `benchmarks/bench_gemm.py --write` measured on this GPU model:
     for the layer shape [k, n] when it was measured (the winner differs per shape), else summed over the
     measured layers."""
     record = read_tuned(TUNED_DIR, "awq", gpu_name)

@@ -86,7 +86,7 @@ def _awq_gemv_kernel(x_ptr, qweight_ptr, zeros_ptr, scales_ptr, out_ptr, partial
 
 @functools.cache
 def tuned_settings(gpu_name: str, k: int, n: int) -> list[tuple[int, list[int]]]:
-    """[(tokens, [block_n, split_k, num_warps])] that tests/awq/bench_gemm.py --sweep-gemv --write measured
+    """[(tokens, [block_n, split_k, num_warps])] that benchmarks/bench_gemm.py --sweep-gemv --write measured
     fastest for the layer shape [k, n] on this GPU model; [] if it was not measured."""
     record = read_tuned(TUNED_DIR, "awq", gpu_name).get("gemv_by_shape", {}).get(f"{k}x{n}", {})
     return sorted((int(tokens), settings) for tokens, settings in record.items())

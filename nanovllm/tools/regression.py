@@ -47,7 +47,7 @@ def awq_demo_checkpoint() -> str:
 def case_a() -> dict:
     """KV cache quantization: throughput on conversation prompts and the numeric check."""
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests"))
-    from kv_quant.verify_kv_quant import compare, demo_prompts
+    from benchmarks.verify_kv_quant import compare, demo_prompts
     ref = LLM(DEMO_MODEL_DIR, **KW)
     record = {}
     for kv in ("int8", "fp8"):

@@ -1,4 +1,4 @@
-"""AWQ kernel choice: the measured table (tests/awq/bench_gemm.py --write) that awq_gemm and awq_gemv follow,
+"""AWQ kernel choice: the measured table (benchmarks/bench_gemm.py --write) that awq_gemm and awq_gemv follow,
 and the defaults without one."""
 import json
 
@@ -8,7 +8,7 @@ import torch
 
 def test_measured_fastest_method_is_followed(tmp_path, monkeypatch):
     pytest.importorskip("triton")
-    from awq.bench_gemm import fastest_methods
+    from benchmarks.bench_gemm import fastest_methods
     from nanovllm.quant import triton_awq
     rows = [{"tokens": m, "fused_us": f, "gemv_us": g, "dequant_matmul_us": d}
             for m, f, g, d in [(1, 5.0, 3.0, 9.0), (1, 5.0, 4.0, 9.0), (64, 8.0, None, 7.0), (64, 9.0, None, 9.0)]]
@@ -26,7 +26,7 @@ def test_measured_fastest_method_is_followed(tmp_path, monkeypatch):
 
 def test_measured_fastest_method_per_layer_shape(tmp_path, monkeypatch):
     pytest.importorskip("triton")
-    from awq.bench_gemm import write_tuned
+    from benchmarks.bench_gemm import write_tuned
     from nanovllm.quant import triton_awq
     rows = [{"k": k, "n": n, "tokens": m, "fused_us": f, "gemv_us": g, "dequant_matmul_us": d}
             for k, n, m, f, g, d in [(64, 32, 1, 5.0, 6.0, 2.0), (64, 32, 64, 8.0, None, 7.0),
@@ -43,7 +43,7 @@ def test_measured_fastest_method_per_layer_shape(tmp_path, monkeypatch):
 def test_measured_gemv_settings_are_followed(tmp_path, monkeypatch):
     """--sweep-gemv rows -> gemv_by_shape in the tuned file -> the settings awq_gemv launches with."""
     pytest.importorskip("triton")
-    from awq.bench_gemm import write_tuned
+    from benchmarks.bench_gemm import write_tuned
     from nanovllm.quant import triton_awq, triton_awq_gemv
     rows = [{"k": 256, "n": 64, "tokens": m, "fused_us": 2.0, "gemv_us": 1.0, "dequant_matmul_us": 3.0,
              "gemv_settings": settings} for m, settings in [(1, [32, 4, 2]), (4, [64, 2, 4])]]
@@ -71,7 +71,7 @@ def test_default_gemv_settings_fill_the_gpu():
 def test_measured_gluon_splits_are_followed(tmp_path, monkeypatch):
     """--sweep-gemv rows with the Gluon kernel's split -> gluon_gemv_by_shape -> the split it launches with."""
     pytest.importorskip("triton")
-    from awq.bench_gemm import write_tuned
+    from benchmarks.bench_gemm import write_tuned
     from nanovllm.quant import gluon_awq_gemv, triton_awq
     rows = [{"k": 4096, "n": 6144, "tokens": 1, "fused_us": 2.0, "gemv_us": 1.0, "dequant_matmul_us": 3.0,
              "gluon_split_k": 11}, {"k": 4096, "n": 6144, "tokens": 2, "fused_us": 2.0, "gemv_us": 1.0,
@@ -88,7 +88,7 @@ def test_measured_gluon_splits_are_followed(tmp_path, monkeypatch):
 def test_a_later_measurement_replaces_the_earlier_row(tmp_path):
     """bench_gemm --from A B: rows of B replace A's rows of the same layer and token count."""
     pytest.importorskip("triton")
-    from awq.bench_gemm import merge_saved
+    from benchmarks.bench_gemm import merge_saved
     old = {"command": "a", "rows": [{"k": 1, "n": 2, "tokens": t, "gemv_us": 5.0} for t in (1, 2)]}
     new = {"command": "b", "rows": [{"k": 1, "n": 2, "tokens": 1, "gemv_us": 3.0}]}
     for name, record in (("a.json", old), ("b.json", new)):
@@ -101,7 +101,7 @@ def test_a_later_measurement_replaces_the_earlier_row(tmp_path):
 
 def test_settings_are_all_compiled_before_any_is_timed_and_keep_their_best_round():
     pytest.importorskip("triton")
-    from awq.bench_gemm import time_settings
+    from benchmarks.bench_gemm import time_settings
     events, readings = [], iter([9.0, 5.0, 4.0, 6.0])        # round 1: a, b; round 2: a, b
 
     def call(name):

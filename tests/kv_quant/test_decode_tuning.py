@@ -1,6 +1,6 @@
-"""The decode tuner's choice of launch settings per launch size (tests/kv_quant/bench_decode_steps.py), on
+"""The decode tuner's choice of launch settings per launch size (benchmarks/bench_decode_steps.py), on
 made-up timings: what it writes into the tuned file that decode_attention reads."""
-from kv_quant.bench_decode_steps import choose_tiers, programs_per_sm, tuned_tiers
+from benchmarks.bench_decode_steps import choose_tiers, programs_per_sm, tuned_tiers
 from nanovllm.attention.triton_decode import pick_settings
 
 

@@ -3,7 +3,7 @@ import pytest
 import torch
 from tiny_models import make_tiny_model
 
-from kv_quant.verify_kv_quant import compare, demo_prompts, teacher_forced_logprobs
+from benchmarks.verify_kv_quant import compare, demo_prompts, teacher_forced_logprobs
 from nanovllm import LLM, SamplingParams
 from nanovllm.demo import DEMO_MODEL_DIR
 

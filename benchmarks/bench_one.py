@@ -1,4 +1,4 @@
-"""One AWQ-or-bf16 measurement on the GPU: `python tests/awq/bench_one.py --model Qwen3-8B --weights awq`.
+"""One AWQ-or-bf16 measurement on the GPU: `python benchmarks/bench_one.py --model Qwen3-8B --weights awq`.
 
 Random weights from a shipped config (load_format="dummy"); "awq" adds an AutoAWQ quantization_config
 (group 128, GEMM) to a copy of the config. Measures linear-layer weight memory, decode TPOT at batch 1
@@ -13,7 +13,7 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the repository root
 from bench import workload  # noqa: E402
 from nanovllm import LLM, SamplingParams  # noqa: E402
 from nanovllm.configs import shipped_config_dir, with_awq_config  # noqa: E402

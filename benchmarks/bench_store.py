@@ -1,6 +1,6 @@
 """Store-kernel microbenchmark: the time to write one step's K and V into the cache, per KV cache dtype.
 
-    python tests/kv_quant/bench_store.py
+    python benchmarks/bench_store.py
 
 Qwen3-0.6B's KV shape (8 KV heads, head_dim 128), one layer, 256-token blocks. Two steps of bench.py:
 a prefill of 64 prompts of 250 tokens, each in its own fresh block, and a decode step of 256 tokens in

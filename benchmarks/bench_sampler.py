@@ -1,6 +1,6 @@
 """Sampling microbenchmark: GPU time to draw one token per row from Qwen3's 151,936 logits (bf16, T = 0.6).
 
-    python tests/kernels/bench_sampler.py
+    python benchmarks/bench_sampler.py
 
 Three ways, timed with the PyTorch profiler (kernel time only, summed per call; the host's launch cost is
 left out, as the engine overlaps it with the GPU):

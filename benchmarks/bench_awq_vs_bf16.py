@@ -1,4 +1,4 @@
-"""AWQ against bf16 on the GPU, each in its own process: `python tests/awq/bench_awq_vs_bf16.py`.
+"""AWQ against bf16 on the GPU, each in its own process: `python benchmarks/bench_awq_vs_bf16.py`.
 
 Runs bench_one.py for Qwen3-0.6B and Qwen3-8B shapes, bf16 and AWQ, and writes
 benchmark_results/quantization_int_4/awq_vs_bf16.json and a short report.md beside it with the ratios the

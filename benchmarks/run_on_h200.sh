@@ -1,25 +1,27 @@
 #!/usr/bin/env bash
 # What to run on the H200 (device tool), each mode one call of under 10 minutes; results land in $OUT
 # (copy them to benchmark_results/ afterwards and re-render README with nanovllm.tools.render_results).
-#   bash tests/gpu/run_on_h200.sh checks    # GPU tests: engine vs CPU, logprobs, AWQ
-#   bash tests/gpu/run_on_h200.sh kernels   # kernel grid at real sizes (store/prefill/decode x dtypes x KV kinds;
+#   bash benchmarks/run_on_h200.sh checks    # GPU tests: engine vs CPU, logprobs, AWQ
+#   bash benchmarks/run_on_h200.sh kernels   # kernel grid at real sizes (store/prefill/decode x dtypes x KV kinds;
 #                                             KERNELS_K="decode" picks tests by name)
-#   bash tests/gpu/run_on_h200.sh quick     # decode attention on bench-like lengths, bench.py bf16
-#   bash tests/gpu/run_on_h200.sh tune      # decode launch settings per KV dtype and launch size ($TUNE_KV)
+#   bash benchmarks/run_on_h200.sh quick     # decode attention on bench-like lengths, bench.py bf16
+#   bash benchmarks/run_on_h200.sh tune      # decode launch settings per KV dtype and launch size ($TUNE_KV)
 #                                             -> attention/tuned/
-#   bash tests/gpu/run_on_h200.sh attention # decode attention microbenchmarks (64 x 8k, 256 x 100..2,048,
+#   bash benchmarks/run_on_h200.sh attention # decode attention microbenchmarks (64 x 8k, 256 x 100..2,048,
 #                                             bench.py's decode steps by split factor, in CUDA graphs)
-#   bash tests/gpu/run_on_h200.sh store     # store kernel: a bench prefill step (runs of prompt tokens or not), a decode step
-#   bash tests/gpu/run_on_h200.sh bench     # bench.py bf16/int8/fp8 (median of 3)
-#   bash tests/gpu/run_on_h200.sh profile   # decode step profile of bench.py's workload per KV dtype ($PROFILE_KV)
-#   bash tests/gpu/run_on_h200.sh awq       # AWQ kernel tests, fastest method per shape -> quant/tuned/
-#   bash tests/gpu/run_on_h200.sh awq-sweep # GEMV settings per shape ($SWEEP_MODELS) + methods -> quant/tuned/
-#   bash tests/gpu/run_on_h200.sh awq-e2e   # AWQ vs bf16 end to end (both models), decode profile
-#   bash tests/gpu/run_on_h200.sh regress   # regression_test.sh ($CASES, default all), bench_sharegpt.py
-# Several modes run in turn: `bash tests/gpu/run_on_h200.sh checks bench`. Any H100/H200 card works; results
+#   bash benchmarks/run_on_h200.sh store     # store kernel: a bench prefill step (runs of prompt tokens or not), a decode step
+#   bash benchmarks/run_on_h200.sh bench     # bench.py bf16/int8/fp8 (median of 3)
+#   bash benchmarks/run_on_h200.sh workloads # bench.py --workload short/prefix/random/long (+ int8), median of 3,
+#                                              GPU idle fraction (~7 min on the H200)
+#   bash benchmarks/run_on_h200.sh profile   # decode step profile of bench.py's workload per KV dtype ($PROFILE_KV)
+#   bash benchmarks/run_on_h200.sh awq       # AWQ kernel tests, fastest method per shape -> quant/tuned/
+#   bash benchmarks/run_on_h200.sh awq-sweep # GEMV settings per shape ($SWEEP_MODELS) + methods -> quant/tuned/
+#   bash benchmarks/run_on_h200.sh awq-e2e   # AWQ vs bf16 end to end (both models), decode profile
+#   bash benchmarks/run_on_h200.sh regress   # regression_test.sh ($CASES, default all), bench_sharegpt.py
+# Several modes run in turn: `bash benchmarks/run_on_h200.sh checks bench`. Any H100/H200 card works; results
 # name the card, and tuned files are written per GPU model.
 set -o pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1
 # The device tool returns at most 8 files: results are written to a work folder and packed into
 # $OUT/results.tgz after every mode, so a call cut off by its time limit still returns the finished modes.
@@ -37,13 +39,13 @@ case "$mode" in
     timeout 280 python -m pytest -q -p no:cacheprovider -n 6 tests/kernels ${KERNELS_K:+-k "$KERNELS_K"} 2>&1 | tee "$OUT/kernel_tests.log" | tail -5
     ;;
   quick)
-    timeout 60 python tests/kv_quant/bench_decode_attention.py --batch 256 --context 2048 --context-min 100 \
+    timeout 60 python benchmarks/bench_decode_attention.py --batch 256 --context 2048 --context-min 100 \
       2>&1 | tail -3
     cp benchmark_results/kv_int8_cache/decode-attention-b256-c2048-min100.json "$OUT/" 2>/dev/null
     timeout 85 python bench.py --out "$OUT/bench-auto.json" 2>&1 | tail -1
     ;;
   tune)     # bench.py's decode steps timed in CUDA graphs per setting and split factor (~2 min for 3 dtypes)
-    timeout 300 python tests/kv_quant/bench_decode_steps.py --kv-cache-dtype ${TUNE_KV:-auto int8 fp8} \
+    timeout 300 python benchmarks/bench_decode_steps.py --kv-cache-dtype ${TUNE_KV:-auto int8 fp8} \
       --splits 1 2 8 --settings 128/4/2 64/2/3 64/4/2 64/2/2 128/2/3 128/2/2 --long 64x8192 \
       --out "$OUT/decode-steps.json" --write \
       2>&1 | grep -v '"step"' | cut -c1-400
@@ -54,35 +56,42 @@ case "$mode" in
       timeout 100 python bench.py --kv-cache-dtype "$kv" --repeat 3 --out "$OUT/bench-$kv.json" 2>&1 | tail -1
     done
     ;;
+  workloads)
+    for spec in short prefix random "random --kv-cache-dtype int8" long "long --kv-cache-dtype int8"; do
+      name=$(echo "$spec" | tr ' ' '_' | tr -d '-')
+      timeout 200 python bench.py --workload $spec --repeat 3 --profile --out "$OUT/bench-$name.json" 2>&1 | tail -1 \
+        | cut -c1-300
+    done
+    ;;
   attention)
-    timeout 35 python tests/kv_quant/bench_decode_attention.py --batch 64 --context 8192 2>&1 | tail -3
-    timeout 40 python tests/kv_quant/bench_decode_attention.py --batch 256 --context 2048 --context-min 100 \
+    timeout 35 python benchmarks/bench_decode_attention.py --batch 64 --context 8192 2>&1 | tail -3
+    timeout 40 python benchmarks/bench_decode_attention.py --batch 256 --context 2048 --context-min 100 \
       2>&1 | tail -3
-    timeout 90 python tests/kv_quant/bench_decode_steps.py 2>&1 | grep -v '"step"' | cut -c1-300
+    timeout 90 python benchmarks/bench_decode_steps.py 2>&1 | grep -v '"step"' | cut -c1-300
     cp benchmark_results/kv_int8_cache/decode-attention-*.json benchmark_results/kv_int8_cache/decode-steps.json \
       "$OUT/" 2>/dev/null
     ;;
   store)
-    timeout 60 python tests/kv_quant/bench_store.py 2>&1 | tail -7 | cut -c1-160
+    timeout 60 python benchmarks/bench_store.py 2>&1 | tail -7 | cut -c1-160
     cp benchmark_results/kv_int8_cache/store.json "$OUT/" 2>/dev/null
     ;;
   awq)      # ~3 min: AWQ kernel tests at real sizes, the fastest method per shape and token count -> quant/tuned/
     timeout 150 python -m pytest -q -p no:cacheprovider tests/awq 2>&1 | tee "$OUT/awq_tests.log" | tail -3
-    timeout 150 python tests/awq/bench_gemm.py --models 8B 0.6B --tokens 1 2 4 8 16 64 128 256 1024 \
+    timeout 150 python benchmarks/bench_gemm.py --models 8B 0.6B --tokens 1 2 4 8 16 64 128 256 1024 \
       --out "$OUT/awq_gemm.json" --write | cut -c1-400
     cp nanovllm/quant/tuned/*.json "$OUT/" 2>/dev/null
     ;;
   awq-sweep)  # ~15 s per shape and token count swept (1-2 tokens: the GEMV's), ~90 s the rest; -> quant/tuned/
-    timeout 250 python tests/awq/bench_gemm.py --models ${SWEEP_MODELS:-8B 0.6B} --tokens 1 2 --sweep-gemv \
+    timeout 250 python benchmarks/bench_gemm.py --models ${SWEEP_MODELS:-8B 0.6B} --tokens 1 2 --sweep-gemv \
       --out "$OUT/awq_gemm-sweep.json" | cut -c1-400
-    timeout 150 python tests/awq/bench_gemm.py --models 8B 0.6B --tokens 4 8 16 64 128 256 1024 \
+    timeout 150 python benchmarks/bench_gemm.py --models 8B 0.6B --tokens 4 8 16 64 128 256 1024 \
       --out "$OUT/awq_gemm-rest.json" | cut -c1-400
-    python tests/awq/bench_gemm.py --from "$OUT/awq_gemm-sweep.json" "$OUT/awq_gemm-rest.json" \
+    python benchmarks/bench_gemm.py --from "$OUT/awq_gemm-sweep.json" "$OUT/awq_gemm-rest.json" \
       --out "$OUT/awq_gemm.json" --write | tail -c 300
     cp nanovllm/quant/tuned/*.json "$OUT/" 2>/dev/null
     ;;
   awq-e2e)  # ~5 min: both models' TPOT at batch 1 and batch-256 throughput (follows quant/tuned/), profile
-    timeout 290 python tests/awq/bench_awq_vs_bf16.py --models Qwen3-0.6B Qwen3-8B 2>&1 | tail -4
+    timeout 290 python benchmarks/bench_awq_vs_bf16.py --models Qwen3-0.6B Qwen3-8B 2>&1 | tail -4
     cp benchmark_results/quantization_int_4/awq_vs_bf16.json benchmark_results/quantization_int_4/report.md "$OUT/"
     timeout 120 python -m nanovllm.tools.decode_profile --bench-workload \
       --out "$OUT/decode-bench-workload.json" 2>&1 | tail -3
@@ -97,7 +106,8 @@ case "$mode" in
     NANOVLLM_REGRESSION_OUT="$OUT/regression" timeout 370 bash regression_test.sh $CASES 2>&1 | tee "$OUT/regression.log"
     timeout 200 python bench_sharegpt.py --num-prompts 100 --out "$OUT/sharegpt.json" 2>&1 | tail -6
     ;;
-  *) echo "usage: $0 MODE... (checks kernels quick tune attention store bench profile awq awq-sweep awq-e2e regress)"; exit 2 ;;
+  *) echo "usage: $0 MODE... (checks kernels quick tune attention store bench workloads profile awq awq-sweep awq-e2e"\
+       "regress)"; exit 2 ;;
 esac
 tar czf "$ARCHIVE_DIR/results.tgz" -C "$OUT" .
 done

@@ -1,6 +1,6 @@
 """Decode-attention microbenchmark: effective bandwidth of the split-KV kernel per KV cache dtype.
 
-    python tests/kv_quant/bench_decode_attention.py [--batch 64] [--context 8192] [--context-min N] [--sweep]
+    python benchmarks/bench_decode_attention.py [--batch 64] [--context 8192] [--context-min N] [--sweep]
 
 Qwen3-0.6B attention shape (16 query heads, 8 KV heads, head_dim 128), one layer, blocks scattered over
 the pool. Every sequence has --context tokens, or with --context-min a length drawn uniformly from
@@ -11,7 +11,7 @@ JSON line per dtype and writes them under benchmark_results/kv_int8_cache/.
 --sweep instead times each cache dtype over launch settings (keys per tile, warps, stages, register cap) and prints
 the fastest (every timing goes to decode-sweep-*.json); --write stores the winners as the general settings in
 nanovllm/attention/tuned/decode-<GPU>.json, which decode_attention reads on that GPU model. These timings
-are eager (do_bench); the shipped table comes from tests/kv_quant/bench_decode_steps.py --write, which times
+are eager (do_bench); the shipped table comes from benchmarks/bench_decode_steps.py --write, which times
 bench.py's own decode steps in CUDA graphs and can give launches of many programs their own settings.
 """
 import argparse

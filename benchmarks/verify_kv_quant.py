@@ -1,6 +1,6 @@
 """Quality of a quantized KV cache against the model-dtype cache, measured on the same prompts.
 
-    python tests/kv_quant/verify_kv_quant.py [--model DIR | --dummy Qwen3-0.6B] [--kv-cache-dtype int8 fp8]
+    python benchmarks/verify_kv_quant.py [--model DIR | --dummy Qwen3-0.6B] [--kv-cache-dtype int8 fp8]
 
 1. Greedy generation with both caches: token agreement and the position of the first divergence.
 2. Teacher-forced on the model-dtype output (prompt + its greedy continuation as one prefill, so every

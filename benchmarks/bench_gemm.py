@@ -1,7 +1,7 @@
 """One AWQ linear layer on the GPU: the GEMV kernel (up to 8 tokens), the fused tensor-core kernel, the
 Hopper wgmma kernel (quant/gluon_awq_mma.py), dequantize + cuBLAS, and bf16 cuBLAS, by token count.
 
-`python tests/awq/bench_gemm.py` times the linear layers of Qwen3-8B and Qwen3-0.6B at M = 1..4096 tokens
+`python benchmarks/bench_gemm.py` times the linear layers of Qwen3-8B and Qwen3-0.6B at M = 1..4096 tokens
 (GPU time: CUDA events around a CUDA graph that calls the method once on each of several copies of the
 layer, so that the weights come from memory, not the L2 cache, and CPU launch costs stay out, as in the
 model) and writes benchmark_results/quantization_int_4/awq_gemm.json. --sweep-gemv first times the GEMV
@@ -24,7 +24,7 @@ from datetime import datetime, timezone
 import torch
 import triton
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the repository root
 from nanovllm.quant.awq import kernel_layout  # noqa: E402
 from nanovllm.quant.awq_quantize import to_awq_tensors  # noqa: E402
 from nanovllm.quant.gluon_awq_gemv import BLOCK_N as GLUON_BLOCK_N  # noqa: E402

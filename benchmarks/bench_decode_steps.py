@@ -1,9 +1,9 @@
 """Decode attention over bench.py's decode steps, timed in CUDA graphs: which launch settings and split-KV
 factor each batch size wants.
 
-    python tests/kv_quant/bench_decode_steps.py [--kv-cache-dtype auto int8 fp8] [--every 32]
+    python benchmarks/bench_decode_steps.py [--kv-cache-dtype auto int8 fp8] [--every 32]
         [--splits 1 2 4 8] [--settings 64/2/3 128/4/2 ...] [--long 64x8192] [--write]
-    python tests/kv_quant/bench_decode_steps.py --recompute decode-steps.json --write   # no GPU
+    python benchmarks/bench_decode_steps.py --recompute decode-steps.json --write   # no GPU
 
 bench.py's batch starts at 256 sequences and shrinks as they finish (max_tokens 100..1,024) while their
 contexts grow (prompts 100..1,024). Every --every-th decode step is rebuilt here as the CUDA graph runs it
@@ -30,7 +30,7 @@ from datetime import datetime, timezone
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [os.path.join(HERE, "..", ".."), os.path.join(HERE, "..")]    # bench.py; tests/attention_cases.py
+sys.path[:0] = [os.path.join(HERE, ".."), os.path.join(HERE, "..", "tests")]    # bench.py; tests/attention_cases.py
 from attention_cases import make_cache  # noqa: E402
 
 from bench import workload  # noqa: E402
