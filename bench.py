@@ -153,7 +153,8 @@ def run_nanovllm(args, model, load_format, w: Workload) -> dict:
                                   ("max_num_batched_tokens", args.max_num_batched_tokens)) if v is not None}
     llm = LLM(model, load_format=load_format, enforce_eager=args.enforce_eager, max_model_len=args.max_model_len,
               kv_cache_dtype=args.kv_cache_dtype, tensor_parallel_size=args.tensor_parallel_size,
-              attention_backend=args.attention_backend, enable_prefix_caching=not args.no_prefix_caching, **settings)
+              attention_backend=args.attention_backend, enable_prefix_caching=not args.no_prefix_caching,
+              enable_cascade_attention=args.enable_cascade_attention, **settings)
     startup_s = time.perf_counter() - started
     params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=n) for n in w.max_tokens]
     # warm-up on a slice of the workload itself, so kernel compilation stays out of the timed run
@@ -235,6 +236,8 @@ def main():
     parser.add_argument("--max-num-seqs", type=int, default=None, help="default: Config's")
     parser.add_argument("--max-num-batched-tokens", type=int, default=None, help="default: Config's")
     parser.add_argument("--no-prefix-caching", action="store_true")
+    parser.add_argument("--enable-cascade-attention", action="store_true",
+                        help="decode reads a prefix shared through the cache once per step for its sharers")
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--kv-cache-dtype", default="auto")
     parser.add_argument("--attention-backend", default="auto")

@@ -3,7 +3,7 @@
 Reads ShareGPT-format JSON ([{"conversations": [{"from": "human", "value": ...}, {"from": "gpt", ...}]}]):
 the first human turn is the prompt and the reply's token count is the output length (vLLM's benchmark
 convention; ignore_eos so every request produces it). By default it reads the small sample made for this
-repository (nanovllm/data/sharegpt_format_sample.json, NOT the real ShareGPT data: pass that with
+repository (benchmarks/data/sharegpt_format_sample.json, NOT the real ShareGPT data: pass that with
 --dataset). The AWQ configuration uses --awq-model, or random AWQ weights for a dummy model, or quantizes
 the model first (python -m nanovllm.quant.awq_quantize). Each configuration (bf16 / int8 / fp8 KV cache,
 AWQ weights) runs in its own process and reports throughput, TTFT and TPOT (mean and p99), KV capacity in
@@ -20,7 +20,7 @@ import tempfile
 import time
 from datetime import datetime, timezone
 
-SAMPLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nanovllm", "data", "sharegpt_format_sample.json")
+SAMPLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "benchmarks", "data", "sharegpt_format_sample.json")
 CONFIGS = {"bf16": {}, "int8": {"kv_cache_dtype": "int8"}, "fp8": {"kv_cache_dtype": "fp8"}, "awq": {"awq": True}}
 
 

@@ -94,3 +94,25 @@ def test_ruff_is_clean():
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", repo], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout[-3000:]
+
+
+def test_backends_and_linear_methods_declare_their_interfaces():
+    """Every attention backend and linear method has what its Protocol lists (attributes and methods)."""
+    import importlib
+    import typing
+
+    from nanovllm.attention.backend import _BACKENDS, AttentionBackend
+    from nanovllm.layers.linear import LinearMethod, UnquantizedLinearMethod
+    from nanovllm.quant.awq_method import AWQConfig, AWQLinearMethod
+    backends = [("nanovllm.attention.torch_ref", "TorchBackend"),
+                ("nanovllm.attention.triton_backend", "TritonBackend")]
+    assert set(backends) < set(_BACKENDS.values())       # flash_attn is optional: checked by name below
+    for module, cls in backends:
+        backend = getattr(importlib.import_module(module), cls)()
+        assert isinstance(backend, AttentionBackend), cls
+    names = set(typing.get_type_hints(AttentionBackend)) | {"plan_decode", "kv_cache_shape", "store_kv", "forward"}
+    with open(os.path.join(ROOT, "attention", "flash_attn_backend.py")) as f:
+        source = f.read()
+    assert all(name in source for name in names)
+    for method in (UnquantizedLinearMethod(), AWQLinearMethod(AWQConfig(group_size=128))):
+        assert isinstance(method, LinearMethod), type(method).__name__

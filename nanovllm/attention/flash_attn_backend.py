@@ -18,6 +18,8 @@ except ImportError as e:  # the backend registry turns this into advice
 class FlashAttnBackend:
     name = "flash_attn"
     supports_cuda_graphs = True
+    supports_mixed_graphs = False
+    supports_cascade = False     # its prefill grid follows the step's longest chunk
     kv_cache_dtypes = ("auto",)
 
     def plan_decode(self, num_seqs: int, num_kv_heads: int, max_context_len: int) -> int:

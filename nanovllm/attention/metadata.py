@@ -25,12 +25,38 @@ class AttentionMetadata:
     num_decode_splits: int = 1    # split-KV factor of the decode kernel (fixed per CUDA graph)
     decode_order: torch.Tensor | None = None   # [num_seqs] int32: rows by descending context (launch order)
     tiles: torch.Tensor | None = None          # [capacity, 2] int32 tile map of a prefill/mixed CUDA graph
+    shared: torch.Tensor | None = None         # [2 + num_seqs] int32: cascade attention's plan (shared_prefix)
 
 
 def decode_order(context_lens) -> np.ndarray:
     """Rows by descending context length (int32): the launch order in which a decode kernel's longest
     programs start first and the short ones fill the gaps (longest-job-first scheduling)."""
     return np.argsort(-np.asarray(context_lens), kind="stable").astype(np.int32)
+
+
+def shared_prefix(block_tables: list[list[int]], context_lens: list[int], block_size: int) -> list[int]:
+    """Cascade attention's plan for a decode batch: [L, a sharer's row, then per row L or 0]. The sharers are
+    the rows whose tables start with the most common first block; L is the keys their tables hold in the
+    same cache blocks (a prefix shared through the prefix cache), whole blocks that never reach a sharer's
+    newest key. Sharers' first L keys are read once for all of them."""
+    firsts = [t[0] if t else -1 for t in block_tables]
+    first = max(set(firsts), key=firsts.count)
+    rows = [i for i, f in enumerate(firsts) if f == first and f != -1]
+    if len(rows) < 2:
+        return [0, 0] + [0] * len(block_tables)
+    table = block_tables[rows[0]]
+    n = min(min(len(block_tables[i]) for i in rows), (min(context_lens[i] for i in rows) - 1) // block_size)
+    for i in rows[1:]:
+        if n <= 0:
+            break
+        other = block_tables[i]
+        if other[:n] != table[:n]:
+            n = next(k for k in range(n) if other[k] != table[k])
+    length = max(n, 0) * block_size
+    per_row = [0] * len(block_tables)
+    for i in rows:
+        per_row[i] = length
+    return [length, rows[0]] + per_row
 
 
 _current: AttentionMetadata | None = None

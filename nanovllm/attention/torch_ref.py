@@ -128,6 +128,8 @@ class TorchBackend:
     """Reference backend: scatter into the cache, gather per sequence, attend in float32."""
     name = "torch"
     supports_cuda_graphs = False      # it reads host-side lengths
+    supports_mixed_graphs = False
+    supports_cascade = False
     kv_cache_dtypes = ("auto", "int8", "fp8")
 
     def plan_decode(self, num_seqs: int, num_kv_heads: int, max_context_len: int) -> int:

@@ -14,6 +14,7 @@ class TritonBackend:
     name = "triton"
     supports_cuda_graphs = True
     supports_mixed_graphs = True      # prefill by tile map, store by slot: no host value in a step's launches
+    supports_cascade = True           # decode reads a prefix shared by many rows once (meta.shared)
     kv_cache_dtypes = ("auto", "int8", "fp8")
 
     def plan_decode(self, num_seqs: int, num_kv_heads: int, max_context_len: int) -> int:
@@ -35,4 +36,4 @@ class TritonBackend:
             return prefill_attention(q, cache, meta.block_tables, meta.context_lens, meta.cu_seqlens_q,
                                      meta.max_seqlen_q, scale, tiles=meta.tiles)
         return decode_attention(q, cache, meta.block_tables, meta.context_lens, scale, meta.num_decode_splits,
-                                order=meta.decode_order)
+                                order=meta.decode_order, shared=meta.shared)

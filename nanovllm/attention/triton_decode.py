@@ -51,6 +51,7 @@ from nanovllm.utils.tuned import device_name, num_sms, read_tuned, tuned_path
 
 DEFAULT_SETTINGS = {"block_n": 64, "num_warps": 4, "num_stages": 3}
 INT8_MIN_BLOCK_N = 32
+SHARED_ROWS = 64           # (sequence, head) pairs per program of the cascade's shared-prefix launch
 TUNED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuned")
 
 
@@ -95,25 +96,43 @@ __all__ = ["decode_attention", "paged_attention_ref"]
 
 @triton.jit
 def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
-                   block_tables_ptr, context_lens_ptr, order_ptr, qk_scale,
+                   block_tables_ptr, context_lens_ptr, order_ptr, shared_ptr, num_seqs, qk_scale,
                    stride_qt, stride_qh, stride_ot, stride_oh, stride_bt, stride_cb, stride_cs, stride_ch, stride_sb,
                    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, DOT_PRECISION: tl.constexpr,
                    QUANT: tl.constexpr, V_GROUP: tl.constexpr, DOT_FP16: tl.constexpr, INT8_DOTS: tl.constexpr,
-                   ORDERED: tl.constexpr, PDL: tl.constexpr):
+                   ORDERED: tl.constexpr, PDL: tl.constexpr, CASCADE: tl.constexpr, SHARED: tl.constexpr):
     wait_then_release(PDL)        # the o projection may start loading its weights (utils/pdl.py)
-    kv_head, seq, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    if ORDERED:
-        seq = tl.load(order_ptr + seq)
-    context_len = tl.load(context_lens_ptr + seq)
-    split_len = tl.cdiv(tl.cdiv(context_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    start = split * split_len
-    end = tl.minimum(start + split_len, context_len)
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, HEAD_DIM)
-    heads = kv_head * GROUP + offs_g
-    head_ok = offs_g < GROUP
-    q = tl.load(q_ptr + seq * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+    num_parts = NUM_SPLITS + CASCADE          # partials per (sequence, head): the splits, then the shared prefix
+    if SHARED:     # cascade, first level: BLOCK_G rows of (sequence, head) pairs over the shared prefix's keys
+        kv_head, tile, split = tl.program_id(0), tl.program_id(1), NUM_SPLITS
+        r = tile * BLOCK_G + offs_g
+        seq = r // GROUP
+        heads = kv_head * GROUP + r % GROUP
+        head_ok = seq < num_seqs
+        sharer = tl.load(shared_ptr + 2 + seq, mask=head_ok, other=0) > 0   # rows whose tables hold the prefix
+        start = 0
+        end = tl.load(shared_ptr)
+        table_row = tl.load(shared_ptr + 1)   # a row that holds it: the prefix's blocks are the same in all
+        q_rows = seq[:, None] * stride_qt
+    else:
+        kv_head, seq, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        if ORDERED:
+            seq = tl.load(order_ptr + seq)
+        context_len = tl.load(context_lens_ptr + seq)
+        first = 0
+        if CASCADE:   # second level: a sharer's keys after the shared prefix, another row's all keys
+            first = tl.minimum(tl.load(shared_ptr + 2 + seq), context_len)
+        split_len = tl.cdiv(tl.cdiv(context_len - first, NUM_SPLITS), BLOCK_N) * BLOCK_N
+        start = first + split * split_len
+        end = tl.minimum(start + split_len, context_len)
+        heads = kv_head * GROUP + offs_g
+        head_ok = offs_g < GROUP
+        table_row = seq
+        q_rows = seq * stride_qt
+    q = tl.load(q_ptr + q_rows + heads[:, None] * stride_qh + offs_d[None, :],
                 mask=head_ok[:, None], other=0.0)
     if DOT_FP16:   # FP8 cache: the dots run in float16
         q = q.to(tl.float16)
@@ -124,7 +143,7 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, ou
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
     for start_n in range(start, end, BLOCK_N):
-        k, v, block, rows, key_ok = load_kv_tile(k_cache_ptr, v_cache_ptr, block_tables_ptr, seq, kv_head,
+        k, v, block, rows, key_ok = load_kv_tile(k_cache_ptr, v_cache_ptr, block_tables_ptr, table_row, kv_head,
                                                  start_n, end, stride_bt, stride_cb, stride_cs, stride_ch,
                                                  BLOCK_SIZE, HEAD_DIM, BLOCK_N, V_GROUP)
         if INT8_DOTS:
@@ -141,12 +160,15 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, ou
         else:
             pv = tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
         acc = acc * alpha[:, None] + pv
-    if NUM_SPLITS == 1:
+    if SHARED:    # rows that do not hold the prefix contribute nothing from it
+        m_i = tl.where(sharer, m_i, float("-inf"))
+        l_i = tl.where(sharer, l_i, 0.0)
+    if (NUM_SPLITS == 1) & (not CASCADE):
         out = acc / l_i[:, None]
         tl.store(out_ptr + seq * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=head_ok[:, None])
     else:
-        row = (seq * (tl.num_programs(0) * GROUP) + heads) * NUM_SPLITS + split     # [BLOCK_G]
+        row = (seq * (tl.num_programs(0) * GROUP) + heads) * num_parts + split     # [BLOCK_G]
         tl.store(part_acc_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=head_ok[:, None])
         tl.store(part_ml_ptr + row * 2, m_i, mask=head_ok)
         tl.store(part_ml_ptr + row * 2 + 1, l_i, mask=head_ok)
@@ -154,15 +176,18 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, ou
 
 @triton.jit
 def _combine_kernel(part_acc_ptr, part_ml_ptr, out_ptr, stride_ot, stride_oh,
-                    HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, PDL: tl.constexpr):
+                    HEAD_DIM: tl.constexpr, NUM_PARTS: tl.constexpr, BLOCK_P: tl.constexpr, PDL: tl.constexpr):
     wait_then_release(PDL)        # the o projection may start loading its weights (utils/pdl.py)
     seq, head = tl.program_id(0), tl.program_id(1)
-    rows = (seq * tl.num_programs(1) + head) * NUM_SPLITS + tl.arange(0, NUM_SPLITS)
-    m = tl.load(part_ml_ptr + rows * 2)
-    l_sum = tl.load(part_ml_ptr + rows * 2 + 1)
+    part = tl.arange(0, BLOCK_P)
+    ok = part < NUM_PARTS
+    rows = (seq * tl.num_programs(1) + head) * NUM_PARTS + part
+    m = tl.load(part_ml_ptr + rows * 2, mask=ok, other=float("-inf"))
+    l_sum = tl.load(part_ml_ptr + rows * 2 + 1, mask=ok, other=0.0)
     m_max = tl.max(m, 0)
     w = tl.where(m > float("-inf"), tl.exp2(m - m_max), 0.0)                     # empty splits weigh 0
-    acc = tl.load(part_acc_ptr + rows[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :])
+    acc = tl.load(part_acc_ptr + rows[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :], mask=ok[:, None],
+                  other=0.0)
     out = tl.sum(acc * w[:, None], 0) / tl.sum(l_sum * w, 0)
     tl.store(out_ptr + seq * stride_ot + head * stride_oh + tl.arange(0, HEAD_DIM),
              out.to(out_ptr.dtype.element_ty))
@@ -177,39 +202,49 @@ def num_decode_splits(num_seqs: int, num_kv_heads: int, max_context_len: int, nu
 
 def decode_attention(q: torch.Tensor, cache: LayerKVCache, block_tables: torch.Tensor, context_lens: torch.Tensor,
                      scale: float, num_splits: int = 1, settings: dict | None = None,
-                     order: torch.Tensor | None = None) -> torch.Tensor:
+                     order: torch.Tensor | None = None, shared: torch.Tensor | None = None) -> torch.Tensor:
     """q [num_seqs, num_heads, head_dim] (one token each) -> out of the same shape. `settings`: launch
     settings ({"block_n", "num_warps", "num_stages"} and optionally "maxnreg", a cap on registers per
     thread), by default the tuned ones for this GPU and launch size.
     `order`: int32 [num_seqs], a permutation of the rows in the order to start them (longest context first;
-    metadata.decode_order); it changes only the speed."""
+    metadata.decode_order); it changes only the speed.
+    `shared`: int32 [2 + num_seqs] on the device, for cascade attention (metadata.shared_prefix): the
+    prefix length L (whole blocks), a row that holds it, then per row L or 0. The sharers' first L keys are
+    the same blocks in each of their tables; their K/V are read once per KV head for all sharers (a second
+    launch over tiles of (sequence, head) pairs), each row's other keys as usual. L = 0 shares nothing."""
     k_cache, v_cache = cache.k, cache.v
     num_seqs, num_heads, head_dim = q.shape
     block_size, num_kv_heads = check_paged_inputs(q, cache, block_tables)
     assert num_splits == triton.next_power_of_2(num_splits)
     group = num_heads // num_kv_heads
     out = torch.empty_like(q)
-    part_acc = part_ml = out   # unused with one split
-    if num_splits > 1:
-        part_acc = torch.empty(num_seqs * num_heads * num_splits, head_dim, dtype=torch.float32, device=q.device)
-        part_ml = torch.empty(num_seqs * num_heads * num_splits, 2, dtype=torch.float32, device=q.device)
+    cascade = shared is not None
+    num_parts = num_splits + cascade
+    part_acc = part_ml = out   # unused with one part
+    if num_parts > 1:
+        part_acc = torch.empty(num_seqs * num_heads * num_parts, head_dim, dtype=torch.float32, device=q.device)
+        part_ml = torch.empty(num_seqs * num_heads * num_parts, 2, dtype=torch.float32, device=q.device)
     k_scale, v_scale = (cache.k_scale, cache.v_scale) if cache.quantized else (k_cache, v_cache)
     settings = settings or launch_settings(cache, num_seqs * num_kv_heads * num_splits)
     kind = kv_cache_kind(cache)
     # an INT8 mma multiplies 32-deep: P @ V needs at least 32 keys per tile
     block_n = max(settings["block_n"], INT8_MIN_BLOCK_N) if kind == "int8" else settings["block_n"]
+    args = (q, k_cache, v_cache, k_scale, v_scale, out, part_acc, part_ml, block_tables, context_lens,
+            context_lens if order is None else order, context_lens if shared is None else shared, num_seqs,
+            scale * 1.4426950408889634, q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_scale.stride(0) if cache.quantized else 0)
+    consts = dict(QUANT=cache.quantized, V_GROUP=cache.v_group, **dot_kinds(cache, q.dtype), GROUP=group,
+                  BLOCK_SIZE=block_size, HEAD_DIM=head_dim, BLOCK_N=block_n, NUM_SPLITS=num_splits,
+                  DOT_PRECISION=dot_precision(q.dtype), CASCADE=cascade)
+    if cascade:   # the shared prefix: one program per KV head and SHARED_ROWS (sequence, head) pairs
+        _decode_kernel[(num_kv_heads, triton.cdiv(num_seqs * group, SHARED_ROWS), 1)](
+            *args, **consts, ORDERED=False, BLOCK_G=SHARED_ROWS, SHARED=True, PDL=False, num_warps=4, num_stages=2)
     _decode_kernel[(num_kv_heads, num_seqs, num_splits)](
-        q, k_cache, v_cache, k_scale, v_scale, out, part_acc, part_ml, block_tables, context_lens,
-        context_lens if order is None else order,
-        scale * 1.4426950408889634, q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_scale.stride(0) if cache.quantized else 0,
-        QUANT=cache.quantized, V_GROUP=cache.v_group, ORDERED=order is not None,
-        **dot_kinds(cache, q.dtype),
-        GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=block_size,
-        HEAD_DIM=head_dim, BLOCK_N=block_n, NUM_SPLITS=num_splits, DOT_PRECISION=dot_precision(q.dtype),
+        *args, **consts, ORDERED=order is not None, BLOCK_G=max(16, triton.next_power_of_2(group)), SHARED=False,
         **pdl_launch(q.device), num_warps=settings["num_warps"], num_stages=settings["num_stages"],
         **({"maxnreg": settings["maxnreg"]} if settings.get("maxnreg") else {}))
-    if num_splits > 1:
+    if num_parts > 1:
         _combine_kernel[(num_seqs, num_heads)](part_acc, part_ml, out, out.stride(0), out.stride(1),
-                                               HEAD_DIM=head_dim, NUM_SPLITS=num_splits, **pdl_launch(q.device))
+                                               HEAD_DIM=head_dim, NUM_PARTS=num_parts,
+                                               BLOCK_P=triton.next_power_of_2(num_parts), **pdl_launch(q.device))
     return out

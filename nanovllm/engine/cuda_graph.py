@@ -14,7 +14,7 @@ The host also writes the decode launch order (rows by descending context, metada
 import numpy as np
 import torch
 
-from nanovllm.attention.metadata import AttentionMetadata, decode_order, use_metadata
+from nanovllm.attention.metadata import AttentionMetadata, decode_order, shared_prefix, use_metadata
 from nanovllm.engine.sequence import PLACEHOLDER, Sequence
 
 
@@ -32,16 +32,20 @@ class DecodeGraphs:
         max_blocks = (config.max_model_len + self.block_size - 1) // self.block_size
         self.sizes = graph_batch_sizes(n)
         # staging: [input_ids | positions | slot_mapping | source row] int64,
-        # [context_lens | decode order | block_tables] int32
+        # [context_lens | decode order | cascade plan (2 + n) | block_tables] int32
         self.hosts = [(torch.zeros(4 * n, dtype=torch.int64, pin_memory=True),
-                       torch.zeros(n * (2 + max_blocks), dtype=torch.int32, pin_memory=True)) for _ in range(2)]
+                       torch.zeros(n * (3 + max_blocks) + 2, dtype=torch.int32, pin_memory=True)) for _ in range(2)]
         self.turn = 0
         self.max_blocks = max_blocks
         self.dev64, self.dev32 = self.hosts[0][0].cuda(), self.hosts[0][1].cuda()
         self.input_ids, self.positions, self.slots, self.src_rows = self.dev64.view(4, n)
         self.context_lens, self.order = self.dev32[:n], self.dev32[n:2 * n]
-        self.block_tables = self.dev32[2 * n:].view(n, max_blocks)
+        self.shared = self.dev32[2 * n:3 * n + 2]
+        self.block_tables = self.dev32[3 * n + 2:].view(n, max_blocks)
+        # cascade attention (config.enable_cascade_attention): the graphs read metadata.shared_prefix's plan
+        self.cascade = config.enable_cascade_attention and backend.supports_cascade
         self.order.copy_(torch.arange(n, dtype=torch.int32))    # capture runs read every row
+        self.shared.zero_()
         self.cu_seqlens_q = torch.arange(n + 1, dtype=torch.int32, device="cuda")
         self.outputs = torch.zeros(n, hidden_size, dtype=config.dtype, device="cuda")
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -52,7 +56,8 @@ class DecodeGraphs:
         return AttentionMetadata(is_prefill=False, slot_mapping=self.slots[:bs], context_lens=self.context_lens[:bs],
                                  block_tables=self.block_tables[:bs], cu_seqlens_q=self.cu_seqlens_q[:bs + 1],
                                  max_seqlen_q=1, max_seqlen_k=0, context_lens_cpu=[], cu_seqlens_q_cpu=[],
-                                 num_decode_splits=self.splits[bs], decode_order=self.order[:bs])
+                                 num_decode_splits=self.splits[bs], decode_order=self.order[:bs],
+                                 shared=self.shared[:2 + bs] if self.cascade else None)
 
     @torch.inference_mode()
     def _capture_all(self) -> None:
@@ -82,7 +87,7 @@ class DecodeGraphs:
         self.turn ^= 1
         ids, pos, slots, src = host64.numpy().reshape(4, n)
         ctx, order = host32.numpy()[:n], host32.numpy()[n:2 * n]
-        tables = host32.numpy()[2 * n:].reshape(n, self.max_blocks)
+        tables = host32.numpy()[3 * n + 2:].reshape(n, self.max_blocks)
         tables[:graph_bs] = -1
         gather = False
         for i, seq in enumerate(seqs):
@@ -97,8 +102,12 @@ class DecodeGraphs:
         slots[bs:graph_bs] = -1
         ctx[bs:graph_bs] = 0
         order[:graph_bs] = decode_order(ctx[:graph_bs])
+        if self.cascade:
+            plan = host32.numpy()[2 * n:3 * n + 2]
+            plan[:2 + bs] = shared_prefix([seq.block_table for seq in seqs], ctx[:bs].tolist(), block_size)
+            plan[2 + bs:2 + graph_bs] = 0
         self.dev64.copy_(host64, non_blocking=True)
-        width = 2 * n + graph_bs * self.max_blocks
+        width = 3 * n + 2 + graph_bs * self.max_blocks
         self.dev32[:width].copy_(host32[:width], non_blocking=True)
         if gather:
             src_rows = self.src_rows[:bs]

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from nanovllm.attention.backend import get_attention_backend
-from nanovllm.attention.metadata import AttentionMetadata, decode_order, use_metadata
+from nanovllm.attention.metadata import AttentionMetadata, decode_order, shared_prefix, use_metadata
 from nanovllm.config import Config
 from nanovllm.engine.cuda_graph import DecodeGraphs, MixedGraphs
 from nanovllm.engine.logprobs import (
@@ -91,7 +91,7 @@ class ModelRunner:
         if self.device.type == "cuda" and not config.enforce_eager and self.backend.supports_cuda_graphs:
             layer = self.attention_layers[0]
             self.graphs = DecodeGraphs(self.model, self.backend, config, hf.hidden_size, layer.num_kv_heads)
-            if getattr(self.backend, "supports_mixed_graphs", False):
+            if self.backend.supports_mixed_graphs:
                 self.mixed_graphs = MixedGraphs(self.model, config, hf.hidden_size, pool=self.graphs.pool)
             # two of each, alternating: step N's are written while step N-1's may still be in use
             self._token_hosts = [torch.zeros(config.max_num_seqs, dtype=torch.int64, pin_memory=True)
@@ -220,11 +220,14 @@ class ModelRunner:
             if end == len(seq):
                 sample_rows.append(i)
         to = dict(device=self.device)
-        num_splits, order = 1, None
+        num_splits, order, shared = 1, None, None
         if not batch.is_prefill:
             num_splits = self.backend.plan_decode(len(batch.seqs), self.attention_layers[0].num_kv_heads,
                                                   max(context_lens))
             order = torch.from_numpy(decode_order(context_lens)).to(**to)
+            if self.config.enable_cascade_attention and self.backend.supports_cascade:
+                shared = torch.tensor(shared_prefix([s.block_table for s in batch.seqs], context_lens,
+                                                    self.block_size), dtype=torch.int32, **to)
         meta = AttentionMetadata(
             is_prefill=batch.is_prefill,
             slot_mapping=torch.from_numpy(np.concatenate(slots)).to(**to),
@@ -232,7 +235,8 @@ class ModelRunner:
             block_tables=torch.from_numpy(block_tables).to(**to),
             cu_seqlens_q=torch.tensor(cu_q, dtype=torch.int32, **to),
             max_seqlen_q=max(batch.num_new_tokens), max_seqlen_k=max(context_lens),
-            context_lens_cpu=context_lens, cu_seqlens_q_cpu=cu_q, num_decode_splits=num_splits, decode_order=order)
+            context_lens_cpu=context_lens, cu_seqlens_q_cpu=cu_q, num_decode_splits=num_splits, decode_order=order,
+            shared=shared)
         ids = torch.from_numpy(np.concatenate(input_ids)).to(**to)
         pos = torch.from_numpy(np.concatenate(positions)).to(**to)
         return ids, pos, meta, sample_rows

@@ -5,11 +5,33 @@ Column-parallel layers split the output features across ranks, row-parallel ones
 checkpoint tensors, loaded one shard at a time. A parameter says which of its dims holds the output
 (`output_dim`) and input (`input_dim`) features, so any quant method's tensors shard the same way.
 """
+from typing import Protocol, runtime_checkable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from nanovllm.utils.distributed import all_reduce, get_tp_rank, get_tp_size
+
+
+@runtime_checkable
+class LinearMethod(Protocol):
+    """How a linear layer holds and applies its weight (unquantized, AWQ, ...). Parameters carry
+    `output_dim` / `input_dim` (and `divisors` for packed dims) so that the layers shard any method's
+    tensors the same way."""
+
+    def create_weights(self, layer: nn.Module, input_size: int, output_size: int) -> None:
+        """Register the layer's parameters for this rank's [input_size, output_size] slice."""
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        """Turn the checkpoint's tensors into the kernels' layout (once, after loading)."""
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """y = x W (+ bias) for x [..., input_size]."""
+
+    def apply_silu_and_mul(self, layer: nn.Module, gate_up: torch.Tensor,
+                           bias: torch.Tensor | None) -> torch.Tensor | None:
+        """The layer applied to silu(gate) * up of gate_up, if a kernel fuses the activation; else None."""
 
 
 class UnquantizedLinearMethod:
@@ -19,6 +41,9 @@ class UnquantizedLinearMethod:
         weight = nn.Parameter(torch.empty(output_size, input_size), requires_grad=False)
         weight.output_dim, weight.input_dim = 0, 1
         layer.register_parameter("weight", weight)
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        pass     # the checkpoint's layout is the kernel's
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return F.linear(x, layer.weight, bias)
@@ -31,7 +56,7 @@ class UnquantizedLinearMethod:
 class LinearBase(nn.Module):
     """Shapes of this rank's shard, parameters from the quant method, and loading."""
 
-    def __init__(self, input_size: int, output_size: int, bias: bool, quant_method=None):
+    def __init__(self, input_size: int, output_size: int, bias: bool, quant_method: LinearMethod | None = None):
         super().__init__()
         self.tp_rank, self.tp_size = get_tp_rank(), get_tp_size()
         self.input_size, self.output_size = input_size, output_size   # this rank's shard
@@ -73,13 +98,6 @@ class LinearBase(nn.Module):
             raise ValueError(f"checkpoint tensor {name} has shape {tuple(loaded.shape)}: dim {dim} should be "
                              f"{size // n * num_shards}")
         return self._slice(param, loaded, dim_attr, rank * size, size)
-
-
-class ReplicatedLinear(LinearBase):
-    """The whole layer on every rank."""
-
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, name: str = "") -> None:
-        self._copy(param.data, loaded, name)
 
 
 class ColumnParallelLinear(LinearBase):
