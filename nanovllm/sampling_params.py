@@ -42,8 +42,8 @@ class SamplingParams:
             k = getattr(self, name)
             if k is not None and (not isinstance(k, int) or not 0 <= k <= 20):
                 raise ValueError(f"{name} must be None or an integer in [0, 20], got {k!r}")
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise ValueError(f"seed must be an integer or None, got {self.seed!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or not -2**63 <= self.seed < 2**64):
+            raise ValueError(f"seed must be None or an integer in [-2**63, 2**64), got {self.seed!r}")
 
     @property
     def greedy(self) -> bool:

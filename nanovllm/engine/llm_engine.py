@@ -1,5 +1,6 @@
 """The generate loop: validate and tokenize requests, schedule, run, check stop conditions, detokenize."""
 import logging
+import operator
 import os
 import time
 
@@ -52,7 +53,9 @@ class LLMEngine:
                       for what in ("steps", "tokens", "s")} | {"gpu_wait_s": 0.0}
 
     def shutdown(self) -> None:
-        """End tensor-parallel workers and the process group (also done by `del llm` and at exit)."""
+        """End tensor-parallel workers and the process group (also done by `del llm` and at exit); the
+        engine takes no request after it."""
+        self.closed = True
         runner = getattr(self, "model_runner", None)
         if runner is not None:
             runner.shutdown()
@@ -66,17 +69,29 @@ class LLMEngine:
 
     # ---- requests -------------------------------------------------------------------------------
     def tokenize(self, prompt: str | list[int]) -> list[int]:
+        """Token ids of a text prompt, or the prompt itself given as ids (any integer type, numpy's too);
+        ValueError for anything else."""
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("this model directory has no tokenizer; give prompts as token-id lists")
-            return self.tokenizer.encode(prompt)
-        return list(prompt)
+            try:
+                return self.tokenizer.encode(prompt)
+            except Exception as e:      # e.g. a lone surrogate the tokenizer cannot encode
+                raise ValueError(f"the prompt could not be tokenized: {type(e).__name__}: {e}") from None
+        if not isinstance(prompt, (list, tuple)) and not hasattr(prompt, "tolist"):
+            raise ValueError(f"a prompt must be a string or a list of token ids, got {type(prompt).__name__}")
+        ids = prompt.tolist() if hasattr(prompt, "tolist") else list(prompt)
+        try:
+            return [operator.index(t) for t in ids]
+        except TypeError:
+            bad = next(t for t in ids if not hasattr(t, "__index__"))
+            raise ValueError(f"token ids must be integers, got {bad!r} ({type(bad).__name__})") from None
 
     def validate(self, token_ids: list[int]) -> None:
         vocab, max_len = self.config.hf_config.vocab_size, self.config.max_model_len
         if not token_ids:
             raise ValueError("the prompt is empty; give at least one token")
-        bad = [t for t in token_ids if not isinstance(t, int) or not 0 <= t < vocab]
+        bad = [t for t in token_ids if not 0 <= t < vocab]
         if bad:
             raise ValueError(f"prompt token id(s) {bad[:5]} are outside the vocabulary [0, {vocab})")
         if len(token_ids) >= max_len:
@@ -85,6 +100,8 @@ class LLMEngine:
 
     def add_request(self, prompt: str | list[int], sampling_params: SamplingParams) -> Sequence:
         """Raises ValueError for a bad prompt before anything is queued."""
+        if getattr(self, "closed", False):
+            raise RuntimeError("this engine was shut down (shutdown() ended its workers); create a new LLM")
         token_ids = self.tokenize(prompt)
         self.validate(token_ids)
         seq = Sequence(token_ids, sampling_params)
@@ -200,26 +217,56 @@ class LLMEngine:
                  sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[dict]:
         """Outputs in input order. A bad request gets {'error': ..., 'finish_reason': 'error'} and the
-        others still run."""
+        others still run. The call is transactional: wrong arguments raise before anything is queued, and
+        any exception during the run (KeyboardInterrupt included) aborts this call's requests, frees their
+        blocks and leaves the engine as before the call, then propagates."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
-        sampling_params = sampling_params or SamplingParams()
-        if not isinstance(sampling_params, list):
-            sampling_params = [sampling_params] * len(prompts)
-        if len(sampling_params) != len(prompts):
-            raise ValueError(f"got {len(sampling_params)} SamplingParams for {len(prompts)} prompts; "
-                             f"give one, or one per prompt")
+        sampling_params = self._params_per_prompt(sampling_params, len(prompts))
         outputs: list[dict | None] = [None] * len(prompts)
         index: dict[int, int] = {}
-        for i, (prompt, params) in enumerate(zip(prompts, sampling_params)):
-            try:
-                index[self.add_request(prompt, params).seq_id] = i
-            except ValueError as e:
-                logger.warning("request %d rejected: %s", i, e)
-                outputs[i] = {"text": "", "token_ids": [], "prompt_token_ids": [], "finish_reason": "error",
-                              "error": str(e)}
-        self._run_until_done(outputs, index, use_tqdm)
+        seqs: list[Sequence] = []
+        try:
+            for i, (prompt, params) in enumerate(zip(prompts, sampling_params)):
+                try:
+                    seqs.append(self.add_request(prompt, params))
+                    index[seqs[-1].seq_id] = i
+                except ValueError as e:
+                    logger.warning("request %d rejected: %s", i, e)
+                    outputs[i] = {"text": "", "token_ids": [], "prompt_token_ids": [], "finish_reason": "error",
+                                  "error": str(e)}
+            self._run_until_done(outputs, index, use_tqdm)
+        except BaseException:
+            self.abort(seqs)
+            raise
         return outputs
+
+    @staticmethod
+    def _params_per_prompt(sampling_params, num_prompts: int) -> list[SamplingParams]:
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        if isinstance(sampling_params, SamplingParams):
+            return [sampling_params] * num_prompts
+        if not isinstance(sampling_params, (list, tuple)):
+            raise TypeError(f"sampling_params must be a SamplingParams, a list of them (one per prompt) or None, "
+                            f"got {type(sampling_params).__name__}")
+        if len(sampling_params) != num_prompts:
+            raise ValueError(f"got {len(sampling_params)} SamplingParams for {num_prompts} prompts; "
+                             f"give one, or one per prompt")
+        bad = [i for i, p in enumerate(sampling_params) if not isinstance(p, SamplingParams)]
+        if bad:
+            raise TypeError(f"sampling_params[{bad[0]}] is a {type(sampling_params[bad[0]]).__name__}, "
+                            f"not a SamplingParams")
+        return list(sampling_params)
+
+    def abort(self, seqs: list[Sequence]) -> None:
+        """Stop these requests (finish_reason 'abort') and free their blocks; the step in flight, if any,
+        is waited for first, so no later step reads a freed block's placeholder."""
+        try:
+            self._drain()
+        except Exception:   # the step itself failed: its results are lost with the aborted requests
+            self.pending = None
+        self.scheduler.abort(seqs)
 
     def _run_until_done(self, outputs: list, index: dict[int, int], use_tqdm: bool) -> None:
         bar = tqdm(total=len(index), desc="Generating", dynamic_ncols=True, disable=not use_tqdm)

@@ -143,3 +143,14 @@ class Scheduler:
         seq.finish_reason = reason
         self.block_manager.deallocate(seq)
         (self.running if seq in self.running else self.waiting).remove(seq)
+
+    def abort(self, seqs: list[Sequence]) -> None:
+        """Finish these sequences ('abort') and free their blocks, in one pass over the queues."""
+        doomed = {id(seq) for seq in seqs if not seq.is_finished}
+        for seq in seqs:
+            if id(seq) in doomed:
+                seq.status = SequenceStatus.FINISHED
+                seq.finish_reason = "abort"
+                self.block_manager.deallocate(seq)
+        self.running = deque(s for s in self.running if id(s) not in doomed)
+        self.waiting = deque(s for s in self.waiting if id(s) not in doomed)

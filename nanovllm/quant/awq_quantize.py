@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import shutil
+import tempfile
 
 import torch
 from safetensors.torch import save_file
@@ -163,12 +164,15 @@ def calibration_ids(tokenizer, path: str | None, max_tokens: int) -> torch.Tenso
 
 def quantize_checkpoint(model_dir: str, out_dir: str, method: str = "awq", group_size: int = 128,
                         calib: str | None = None, calib_tokens: int = 512) -> str:
-    """Write an AWQ (GEMM format) copy of the checkpoint in model_dir to out_dir."""
+    """Write an AWQ (GEMM format) copy of the checkpoint in model_dir to out_dir. The input is never
+    touched: out_dir may not be model_dir or lie inside it, and the files are written to a temporary folder
+    beside out_dir that takes its place only when complete."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    check_settings(model_dir, out_dir, group_size, calib_tokens)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     ids = calibration_ids(AutoTokenizer.from_pretrained(model_dir), calib, calib_tokens)
     tensors = quantize_model(model, ids, group_size, method)
-    os.makedirs(out_dir, exist_ok=True)
+    final, out_dir = out_dir, tempfile.mkdtemp(prefix=".awq-", dir=os.path.dirname(os.path.abspath(out_dir)))
     save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(model_dir, "config.json")) as f:
         config = json.load(f)
@@ -181,7 +185,28 @@ def quantize_checkpoint(model_dir: str, out_dir: str, method: str = "awq", group
     for name in os.listdir(model_dir):
         if name.startswith(("tokenizer", "generation_config", "special_tokens", "vocab", "merges", "chat_template")):
             shutil.copy(os.path.join(model_dir, name), out_dir)
-    return out_dir
+    if not os.path.isdir(final):
+        os.replace(out_dir, final)
+        return final
+    for name in os.listdir(out_dir):     # an existing folder keeps its other files
+        os.replace(os.path.join(out_dir, name), os.path.join(final, name))
+    os.rmdir(out_dir)
+    return final
+
+
+def check_settings(model_dir: str, out_dir: str, group_size: int, calib_tokens: int) -> None:
+    """ValueError, before anything is read or written, for settings that cannot work."""
+    if not os.path.isfile(os.path.join(model_dir, "config.json")):
+        raise ValueError(f"--model {model_dir!r} is not a checkpoint directory (no config.json)")
+    model, out = os.path.realpath(model_dir), os.path.realpath(out_dir)
+    if out == model or out.startswith(model + os.sep) or model.startswith(out + os.sep):
+        raise ValueError(f"--out {out_dir!r} must not be the model directory, inside it or around it: the "
+                         f"source checkpoint would be overwritten")
+    if group_size < 8 or group_size % 8:
+        raise ValueError(f"--group-size must be a positive multiple of 8 (AWQ packs 8 values per word), got "
+                         f"{group_size}")
+    if calib_tokens < 1:
+        raise ValueError(f"--calib-tokens must be >= 1, got {calib_tokens}")
 
 
 def main():
@@ -193,7 +218,10 @@ def main():
     parser.add_argument("--calib", default=None, help="a text file or a JSON list of token ids")
     parser.add_argument("--calib-tokens", type=int, default=512)
     args = parser.parse_args()
-    quantize_checkpoint(args.model, args.out, args.method, args.group_size, args.calib, args.calib_tokens)
+    try:
+        quantize_checkpoint(args.model, args.out, args.method, args.group_size, args.calib, args.calib_tokens)
+    except ValueError as e:
+        parser.error(str(e))
     print(f"wrote {args.out} ({args.method}, group size {args.group_size})")
 
 

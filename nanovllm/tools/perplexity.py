@@ -33,9 +33,17 @@ def windows(num_tokens: int, max_len: int) -> list[tuple[int, int, int]]:
 def perplexity(llm: LLM, token_ids: list[int], max_len: int) -> dict:
     if len(token_ids) < 2:
         raise ValueError("the text must have at least 2 tokens")
+    if max_len < 2:
+        raise ValueError(f"max_len must be >= 2 (a window scores its tokens after the first), got {max_len}")
+    if max_len >= llm.config.max_model_len:
+        raise ValueError(f"max_len={max_len} windows do not fit max_model_len={llm.config.max_model_len}; "
+                         f"use at most {llm.config.max_model_len - 1}")
     spans = windows(len(token_ids), max_len)
     params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0)
     outs = llm.generate([token_ids[b:e] for b, e, _ in spans], params, use_tqdm=False)
+    errors = [out["error"] for out in outs if out.get("error")]
+    if errors:
+        raise ValueError(f"a window was rejected: {errors[0]}")
     nll, count = 0.0, 0
     for (begin, end, first), out in zip(spans, outs):
         for i in range(first, end - begin):
@@ -55,8 +63,14 @@ def main():
     parser.add_argument("--load-format", default="auto")
     parser.add_argument("--out", default=None, help="JSON file (default: benchmark_results/perplexity/...)")
     args = parser.parse_args()
+    if args.max_len < 2:
+        parser.error(f"--max-len must be >= 2, got {args.max_len}")
     llm = LLM(args.model, kv_cache_dtype=args.kv_cache_dtype, max_model_len=args.max_len + 1, device=args.device,
               load_format=args.load_format)
+    if args.max_len >= llm.config.max_model_len:     # the model's positions end before --max-len
+        print(f"# --max-len {args.max_len} is over the model's {llm.config.max_model_len - 1}-token windows: "
+              f"using {llm.config.max_model_len - 1}", file=sys.stderr)
+        args.max_len = llm.config.max_model_len - 1
     if llm.tokenizer is None:
         raise ValueError(f"{args.model} has no tokenizer, so a text cannot be scored")
     with open(args.text, encoding="utf-8") as f:
