@@ -1,11 +1,14 @@
 """Every engine setting in one validated dataclass (vLLM's names)."""
 import json
+import logging
 import os
 from dataclasses import dataclass, field, fields
 
 import torch
 
 from nanovllm.quant.kv import KV_CACHE_DTYPES
+
+logger = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
           "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "half": torch.float16,
@@ -57,9 +60,17 @@ class Config:
         self.model = os.path.expanduser(self.model)
         if not os.path.isdir(self.model):
             raise ValueError(f"model={self.model!r} is not a directory holding config.json")
+        for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len", "tensor_parallel_size",
+                     "kvcache_block_size", "num_kvcache_blocks", "seed"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ValueError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
         for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len", "tensor_parallel_size"):
-            if int(getattr(self, name)) < 1:
+            if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("enforce_eager", "enable_prefix_caching", "enable_cascade_attention"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.kvcache_block_size < 1 or self.kvcache_block_size % 16:
@@ -79,7 +90,11 @@ class Config:
                              f"{torch.cuda.device_count()} visible; set CUDA_VISIBLE_DEVICES or use device='cpu'")
         self.hf_config = load_hf_config(self.model)
         self.dtype = resolve_dtype(self.dtype, self.hf_config)
-        self.max_model_len = min(self.max_model_len, self.hf_config.max_position_embeddings)
+        if self.max_model_len > self.hf_config.max_position_embeddings:
+            logger.warning("max_model_len=%d is over the model's max_position_embeddings=%d: using %d",
+                           self.max_model_len, self.hf_config.max_position_embeddings,
+                           self.hf_config.max_position_embeddings)
+            self.max_model_len = self.hf_config.max_position_embeddings
         self.eos_token_ids = tuple(self.eos_token_ids) or read_eos_token_ids(self.model, self.hf_config)
         _check_divides(self.tensor_parallel_size, self.hf_config)
 

@@ -161,3 +161,57 @@ def test_an_engine_takes_no_request_after_shutdown(model_dir):
     with pytest.raises(RuntimeError, match="shut down"):
         greedy(llm)
     assert_idle(llm)
+
+
+@pytest.mark.parametrize("messages", [[{"role": "wizard", "content": "hi"}], [{"content": "hi"}],
+                                      [{"role": "user"}], [{"role": "user", "content": None}], [[]]])
+def test_chat_refuses_malformed_messages_before_anything_is_queued(model_dir, messages):
+    llm = LLM(model_dir, **KW)
+    with pytest.raises(ValueError, match="message|conversation"):
+        llm.chat(messages, SamplingParams(max_tokens=2), use_tqdm=False)
+    assert_idle(llm)
+
+
+@pytest.mark.parametrize("kw", [dict(max_num_batched_tokens="100"), dict(kvcache_block_size=16.0),
+                                dict(seed=None), dict(max_num_seqs=2.5)])
+def test_settings_of_the_wrong_type_fail_when_the_engine_is_made(model_dir, kw):
+    with pytest.raises(ValueError, match="must be an integer"):
+        LLM(model_dir, **(KW | kw))
+
+
+def test_clipping_max_model_len_is_logged(model_dir, caplog):
+    llm = LLM(model_dir, **(KW | dict(max_model_len=10**6)))
+    assert llm.config.max_model_len == 1024 and "max_position_embeddings" in caplog.text
+
+
+def test_a_tied_config_with_its_own_lm_head_uses_it_as_transformers_does(tmp_path):
+    """F7: config.json says tie_word_embeddings, the checkpoint still holds a different lm_head.weight:
+    transformers keeps them apart (and warns); the greedy tokens equal transformers'."""
+    import json
+
+    from tiny_models import hf_greedy
+    from transformers import AutoModelForCausalLM
+    make_tiny_model(str(tmp_path), tie=False)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["tie_word_embeddings"] = True
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    hf = AutoModelForCausalLM.from_pretrained(str(tmp_path), dtype="float32").eval()
+    assert not hf.lm_head.weight.data_ptr() == hf.model.embed_tokens.weight.data_ptr()
+    llm = LLM(str(tmp_path), **KW)
+    assert greedy(llm) == [hf_greedy(hf, p, 12) for p in PROMPTS]
+
+
+def test_a_tensor_parallel_script_without_a_main_guard_fails_fast(tmp_path):
+    """F4: spawned workers import the script; without `if __name__ == '__main__':` they die at start. Rank 0
+    notices at once and says why, instead of waiting out the 10-minute rendezvous."""
+    import subprocess
+    import sys
+    import time
+    script = tmp_path / "no_guard.py"
+    script.write_text("from nanovllm import LLM\n"
+                      "LLM('nanovllm/demo/zen-qwen3', tensor_parallel_size=2, device='cpu', max_model_len=128)\n")
+    start = time.monotonic()
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert run.returncode != 0 and time.monotonic() - start < 120
+    assert "__main__" in run.stderr and "exited with code" in run.stderr, run.stderr[-2000:]

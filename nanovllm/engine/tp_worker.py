@@ -12,6 +12,7 @@ import atexit
 import multiprocessing as mp
 import queue
 import socket
+import time
 import traceback
 from datetime import timedelta
 
@@ -21,6 +22,7 @@ import torch.distributed as dist
 from nanovllm.engine.sequence import Sequence
 
 TIMEOUT = timedelta(minutes=10)   # a collective that waits this long on a silent peer fails
+START_TIMEOUT_S = 300              # spawned workers must be running by then (imports take ~10 s)
 
 
 def free_port() -> int:
@@ -38,11 +40,12 @@ def init_distributed(config, rank: int, port: int) -> None:
                             rank=rank, timeout=TIMEOUT)
 
 
-def worker_main(runner_class, config, rank: int, port: int, commands, errors) -> None:
+def worker_main(runner_class, config, rank: int, port: int, commands, errors, ready) -> None:
     """A rank's loop: build `runner_class(config)` (the ModelRunner, passed in so that this module does not
     import the runner that imports it) and run the commands rank 0 sends."""
     Sequence.block_size = config.kvcache_block_size
     try:
+        ready.put(rank)     # started: rank 0 may now wait for the rendezvous
         init_distributed(config, rank, port)
         runner, pending = runner_class(config), None
         while True:
@@ -68,21 +71,44 @@ class WorkerGroup:
     def __init__(self, config, runner_class):
         ctx = mp.get_context("spawn")
         port = free_port()
-        self.errors = ctx.Queue()
+        self.errors, ready = ctx.Queue(), ctx.Queue()
         self.queues, self.processes = [], []
         for rank in range(1, config.tensor_parallel_size):
             commands = ctx.Queue()
             process = ctx.Process(target=worker_main,
-                                  args=(runner_class, config, rank, port, commands, self.errors), daemon=True)
+                                  args=(runner_class, config, rank, port, commands, self.errors, ready),
+                                  daemon=True)
             process.start()
             self.queues.append(commands)
             self.processes.append(process)
         atexit.register(self.shutdown)
+        self._wait_until_started(ready)
         try:
             init_distributed(config, 0, port)
         except BaseException:
             self.raise_worker_error()
             raise
+
+    def _wait_until_started(self, ready) -> None:
+        """Every worker process has started running; one that died first is reported at once (its exit
+        code and error), instead of rank 0 waiting out the rendezvous timeout."""
+        started, deadline = set(), time.monotonic() + START_TIMEOUT_S
+        while len(started) < len(self.processes):
+            try:
+                started.add(ready.get(timeout=0.2))
+                continue
+            except queue.Empty:
+                pass
+            dead = [(rank, p.exitcode) for rank, p in enumerate(self.processes, start=1)
+                    if rank not in started and not p.is_alive()]
+            if dead or time.monotonic() > deadline:
+                self.raise_worker_error(wait_s=1)
+                self.shutdown()
+                what = (f"worker {dead[0][0]} exited with code {dead[0][1]} before starting" if dead else
+                        f"workers did not start within {START_TIMEOUT_S} s")
+                raise RuntimeError(f"tensor-parallel {what}. Its error is on stderr; a script that creates an "
+                                   f"LLM with tensor_parallel_size > 1 must do so under "
+                                   f"`if __name__ == '__main__':` (workers are spawned and import the script)")
 
     def call(self, method: str, *args) -> None:
         """Send a command to every worker (they run it in order, in step with rank 0)."""

@@ -114,5 +114,13 @@ class Qwen3ForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids, positions)
 
+    def untie_word_embeddings(self) -> None:
+        """Give the LM head a weight of its own (the loader calls this when a checkpoint whose config ties
+        the embeddings still holds lm_head.weight: transformers then keeps the two apart, and so do we)."""
+        head = self.lm_head
+        head.weight = nn.Parameter(torch.empty_like(head.weight), requires_grad=False)
+        head.weight.weight_loader = head.weight_loader
+        self.tie_word_embeddings = False
+
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden_states)

@@ -5,12 +5,15 @@ qkv_proj and gate_up_proj through each parameter's `weight_loader` with a shard 
 index but absent, or a parameter no tensor filled, is an error naming it: never random weights.
 """
 import json
+import logging
 import os
 from glob import glob
 
 import torch
 from safetensors import safe_open
 from torch import nn
+
+logger = logging.getLogger(__name__)
 
 
 def checkpoint_files(model_dir: str) -> list[str]:
@@ -29,6 +32,14 @@ def checkpoint_files(model_dir: str) -> list[str]:
     return files
 
 
+def checkpoint_keys(model_dir: str) -> set[str]:
+    keys = set()
+    for path in checkpoint_files(model_dir):
+        with safe_open(path, "pt", "cpu") as f:
+            keys.update(f.keys())
+    return keys
+
+
 def iterate_tensors(model_dir: str):
     for path in checkpoint_files(model_dir):
         with safe_open(path, "pt", "cpu") as f:
@@ -45,6 +56,10 @@ def _target(model: nn.Module, name: str) -> tuple[str, object]:
 
 
 def load_model(model: nn.Module, model_dir: str) -> None:
+    if getattr(model, "tie_word_embeddings", False) and "lm_head.weight" in checkpoint_keys(model_dir):
+        logger.warning("%s: config.json ties the word embeddings, but the checkpoint holds its own "
+                       "lm_head.weight: it is used, untied (as transformers does when they differ)", model_dir)
+        model.untie_word_embeddings()
     params = dict(model.named_parameters(remove_duplicate=False))
     expected = _expected_shards(model, params)
     loaded: set[tuple[str, object]] = set()
