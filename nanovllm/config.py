@@ -59,7 +59,12 @@ class Config:
     def __post_init__(self):
         self.model = os.path.expanduser(self.model)
         if not os.path.isdir(self.model):
-            raise ValueError(f"model={self.model!r} is not a directory holding config.json")
+            hint = ""
+            if self.model.count("/") == 1 and not self.model.startswith((".", "/", "~")):
+                hint = (f"; nanovllm reads local directories only (no model hub): download it first, e.g. "
+                        f"`huggingface-cli download {self.model} --local-dir ~/huggingface/{self.model.split('/')[1]}`"
+                        f", and pass that directory")
+            raise ValueError(f"model={self.model!r} is not a directory holding config.json{hint}")
         for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len", "tensor_parallel_size",
                      "kvcache_block_size", "num_kvcache_blocks", "seed"):
             value = getattr(self, name)

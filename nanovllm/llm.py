@@ -8,15 +8,17 @@ class LLM(LLMEngine):
 
     def chat(self, messages: list[dict] | list[list[dict]],
              sampling_params: SamplingParams | list[SamplingParams] | None = None,
-             use_tqdm: bool = True) -> list[dict]:
+             use_tqdm: bool = True, chat_template_kwargs: dict | None = None) -> list[dict]:
         """One conversation (a list of {'role', 'content'}) or several; the tokenizer's chat template
-        turns each into a prompt that ends where the assistant's reply starts."""
+        turns each into a prompt that ends where the assistant's reply starts. chat_template_kwargs go to
+        the template, as in vLLM (e.g. {"enable_thinking": False} for Qwen3)."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         for i, conversation in enumerate(conversations):
             check_conversation(conversation, i)
         if self.tokenizer is None:
             raise ValueError("this model directory has no tokenizer (and so no chat template); use generate")
-        prompts = [self.tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True)
+        prompts = [self.tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True,
+                                                      **(chat_template_kwargs or {}))
                    for c in conversations]
         return self.generate(prompts, sampling_params, use_tqdm)
 

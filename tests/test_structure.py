@@ -5,8 +5,8 @@ import os
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "nanovllm")
 # lowest first; anything else (llm, tools, demo, data) is an entry point, above them all
-LAYERS = [("utils",), ("quant",), ("attention",), ("layers",), ("models",), ("config", "sampling_params", "configs"),
-          ("engine",)]
+LAYERS = [("utils",), ("quant",), ("attention",), ("layers",), ("models",),
+          ("config", "sampling_params", "outputs", "configs"), ("engine",)]
 TOOLS = {"nanovllm.quant.awq_quantize"}   # a CLI kept beside the format it writes: an entry point
 
 

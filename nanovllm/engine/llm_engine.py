@@ -11,6 +11,7 @@ from nanovllm.config import Config
 from nanovllm.engine.model_runner import ModelRunner
 from nanovllm.engine.scheduler import Scheduler
 from nanovllm.engine.sequence import PLACEHOLDER, Sequence
+from nanovllm.outputs import RequestOutput
 from nanovllm.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -31,6 +32,19 @@ def load_tokenizer(model_dir: str):
         logger.warning("%s has no tokenizer: prompts must be token ids and outputs carry no text", model_dir)
         return None
     return AutoTokenizer.from_pretrained(model_dir)
+
+
+def prompt_of(prompt):
+    """The text or token ids of a prompt given as vLLM takes it ({"prompt": ...} or {"prompt_token_ids": ...}
+    dicts included); ValueError for a dict without either."""
+    if not isinstance(prompt, dict):
+        return prompt
+    if "prompt_token_ids" in prompt:
+        return prompt["prompt_token_ids"]
+    if "prompt" in prompt:
+        return prompt["prompt"]
+    raise ValueError(f"a prompt dict needs 'prompt' (a string) or 'prompt_token_ids' (a list of ids); got keys "
+                     f"{sorted(prompt)}")
 
 
 class LLMEngine:
@@ -192,6 +206,10 @@ class LLMEngine:
             seq.text = text[:min(hits)]
         return bool(hits)
 
+    def get_tokenizer(self):
+        """The model's tokenizer (None for a bare config with dummy weights), as vLLM's LLM.get_tokenizer."""
+        return self.tokenizer
+
     def detokenize(self, token_ids: list[int]) -> str:
         if self.tokenizer is None:
             return ""
@@ -213,24 +231,30 @@ class LLMEngine:
         return out
 
     # ---- the loop -------------------------------------------------------------------------------
-    def generate(self, prompts: list[str] | list[list[int]],
-                 sampling_params: SamplingParams | list[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[dict]:
-        """Outputs in input order. A bad request gets {'error': ..., 'finish_reason': 'error'} and the
-        others still run. The call is transactional: wrong arguments raise before anything is queued, and
-        any exception during the run (KeyboardInterrupt included) aborts this call's requests, frees their
-        blocks and leaves the engine as before the call, then propagates."""
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+    def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        """Outputs in input order, as vLLM's RequestOutput (also nanovllm's dict: out["text"], ...).
+        Prompts as vLLM takes them: a string, a list of token ids, {"prompt": str} or
+        {"prompt_token_ids": [...]}, or a list of these. A bad request gets {'error': ...,
+        'finish_reason': 'error'} and the others still run. The call is transactional: wrong arguments
+        raise before anything is queued, and any exception during the run (KeyboardInterrupt included)
+        aborts this call's requests, frees their blocks and leaves the engine as before the call, then
+        propagates."""
+        if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         sampling_params = self._params_per_prompt(sampling_params, len(prompts))
         outputs: list[dict | None] = [None] * len(prompts)
         index: dict[int, int] = {}
         seqs: list[Sequence] = []
+        texts: list[str | None] = [None] * len(prompts)
+        ids = [f"rejected-{i}" for i in range(len(prompts))]
         try:
             for i, (prompt, params) in enumerate(zip(prompts, sampling_params)):
                 try:
+                    prompt = prompt_of(prompt)
+                    texts[i] = prompt if isinstance(prompt, str) else None
                     seqs.append(self.add_request(prompt, params))
-                    index[seqs[-1].seq_id] = i
+                    index[seqs[-1].seq_id], ids[i] = i, str(seqs[-1].seq_id)
                 except ValueError as e:
                     logger.warning("request %d rejected: %s", i, e)
                     outputs[i] = {"text": "", "token_ids": [], "prompt_token_ids": [], "finish_reason": "error",
@@ -239,7 +263,7 @@ class LLMEngine:
         except BaseException:
             self.abort(seqs)
             raise
-        return outputs
+        return [RequestOutput(out, ids[i], texts[i]) for i, out in enumerate(outputs)]
 
     @staticmethod
     def _params_per_prompt(sampling_params, num_prompts: int) -> list[SamplingParams]:

@@ -1,0 +1,57 @@
+"""A vLLM offline script's reading of outputs and prompts works unchanged (issue 43, part), and the
+dict keys nanovllm returned before still answer."""
+import json
+
+import pytest
+
+from nanovllm import LLM, SamplingParams
+from nanovllm.demo import DEMO_MODEL_DIR
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return LLM(DEMO_MODEL_DIR, max_model_len=256)
+
+
+def test_request_outputs_read_as_vllm_and_as_dicts(llm):
+    params = SamplingParams(temperature=0, max_tokens=8, logprobs=1)
+    outputs = llm.generate(["Beautiful is better than", "Errors should never"], params, use_tqdm=False)
+    for output in outputs:          # the loop of vLLM's offline example
+        prompt, generated = output.prompt, output.outputs[0].text
+        assert isinstance(prompt, str) and generated == output["text"]
+        assert output.outputs[0].token_ids == output["token_ids"] and output.prompt_token_ids
+        assert output.outputs[0].finish_reason == output["finish_reason"] == "length" and output.finished
+        assert output.outputs[0].cumulative_logprob == pytest.approx(output["cumulative_logprob"])
+        assert json.loads(json.dumps(output))["text"] == generated      # still a plain dict underneath
+    assert outputs[0].prompt == "Beautiful is better than"
+
+
+def test_prompts_as_vllm_takes_them(llm):
+    params = SamplingParams(temperature=0, max_tokens=6)
+    ids = llm.get_tokenizer().encode("Errors should never")
+    want = llm.generate(["Errors should never"], params, use_tqdm=False)[0]["token_ids"]
+    for prompt in ({"prompt": "Errors should never"}, {"prompt_token_ids": ids}, [{"prompt_token_ids": ids}]):
+        out = llm.generate(prompt, params, use_tqdm=False)
+        assert out[0].outputs[0].token_ids == want
+    assert llm.generate({"prompt_token_ids": ids}, params, use_tqdm=False)[0].prompt is None
+    bad = llm.generate([{"text": "x"}, "Errors should never"], params, use_tqdm=False)
+    assert "prompt_token_ids" in bad[0]["error"] and bad[1].outputs[0].token_ids == want
+
+
+def test_chat_template_kwargs_reach_the_template(llm, monkeypatch):
+    seen = {}
+    template = llm.tokenizer.apply_chat_template
+
+    def spy(*args, **kwargs):
+        seen.update(kwargs)
+        return template(*args, **{k: v for k, v in kwargs.items() if k != "enable_thinking"})
+
+    monkeypatch.setattr(llm.tokenizer, "apply_chat_template", spy)
+    llm.chat([{"role": "user", "content": "hi"}], SamplingParams(max_tokens=2), use_tqdm=False,
+             chat_template_kwargs={"enable_thinking": False})
+    assert seen["enable_thinking"] is False
+
+
+def test_a_hub_id_says_where_to_put_the_files():
+    with pytest.raises(ValueError, match="huggingface-cli download Qwen/Qwen3-0.6B"):
+        LLM("Qwen/Qwen3-0.6B")
