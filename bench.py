@@ -19,7 +19,7 @@ step, at least max(longest output, output tokens / max_num_seqs) steps) at the c
 both rates measured on this device after the run; floor = the larger of the two; `seconds_over_floor` is the
 ratio. Without a local checkpoint the shipped Qwen3-0.6B config runs with random weights
 (load_format="dummy"), and the output says so. `--profile` adds a profiled pass over 150 steps and reports
-the GPU's idle fraction between kernels. JSON per workload under benchmark_results/bench/.
+the GPU's idle fraction between kernels. JSON per workload under results/bench/ (untracked) or --out.
 """
 import argparse
 import math
@@ -33,7 +33,7 @@ from datetime import datetime, timezone
 import torch
 
 from nanovllm.configs import shipped_config_dir
-from nanovllm.utils.results import save_record
+from nanovllm.utils.results import results_path, save_record
 
 DEFAULT_MODEL = "~/huggingface/Qwen3-0.6B/"
 WORKLOADS = ("random", "short", "long", "prefix", "sharegpt")
@@ -245,7 +245,8 @@ def main():
     parser.add_argument("--repeat", type=int, default=1, help="timed runs (nanovllm); the median is reported")
     parser.add_argument("--profile", action="store_true", help="also report the GPU idle fraction (150 steps)")
     parser.add_argument("--out", default=None,
-                        help="JSON file (default: benchmark_results/bench/<engine>-<model>-<workload>-...json)")
+                        help="JSON file (default: results/bench/<engine>-<model>-<workload>-...json, untracked; "
+                             "the README's table renders benchmark_results/bench/)")
     args = parser.parse_args()
 
     model, load_format = resolve_model(args.model)
@@ -271,8 +272,8 @@ def main():
         "versions": {"torch": torch.__version__, "python": sys.version.split()[0]},
     }
     workload_tag = "" if args.workload == "random" else f"-{args.workload}"
-    save_record(record, args.out or os.path.join(
-        "benchmark_results", "bench", f"{args.engine}-{record['model']}{workload_tag}-{args.kv_cache_dtype}"
+    save_record(record, args.out or results_path(
+        "bench", f"{args.engine}-{record['model']}{workload_tag}-{args.kv_cache_dtype}"
         f"{'-eager' if args.enforce_eager else ''}-tp{args.tensor_parallel_size}.json"))
 
 

@@ -112,6 +112,7 @@ def chart(records: list[dict], path: str) -> None:
 
 def main():
     from nanovllm.configs import shipped_config_dir
+    from nanovllm.utils.results import results_path
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="checkpoint dir (default: shipped Qwen3-0.6B, dummy)")
     parser.add_argument("--load-format", default=None)
@@ -145,7 +146,7 @@ def main():
     result = {"model": os.path.basename(os.path.normpath(args.model)), "load_format": args.load_format,
               "dataset": os.path.basename(args.dataset), "configs": records, "command": "python " + " ".join(sys.argv),
               "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-    out = args.out or os.path.join("benchmark_results", "sharegpt", f"{result['model']}-{result['dataset']}.json")
+    out = args.out or results_path("sharegpt", f"{result['model']}-{result['dataset']}.json")
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
     with open(out, "w") as f:
         json.dump(result, f, indent=2)

@@ -22,6 +22,7 @@ from nanovllm.configs import shipped_config_dir
 from nanovllm.demo import DEMO_MODEL_DIR
 from nanovllm.engine.scheduler import ScheduledBatch
 from nanovllm.engine.sequence import Sequence
+from nanovllm.utils.results import results_path
 
 
 @torch.inference_mode()
@@ -78,7 +79,7 @@ def main():
     parser.add_argument("--kv-cache-dtype", nargs="+", default=["int8", "fp8"])
     parser.add_argument("--num-prompts", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--out-dir", default=os.path.join("benchmark_results", "kv_int8_cache"))
+    parser.add_argument("--out-dir", default=results_path("kv_int8_cache"))
     args = parser.parse_args()
     model = shipped_config_dir(args.dummy) if args.dummy else args.model
     kw = dict(load_format="dummy" if args.dummy else "auto", max_model_len=1024, enforce_eager=True,

@@ -14,7 +14,7 @@ import sys
 from datetime import datetime, timezone
 
 from nanovllm import LLM, SamplingParams
-from nanovllm.utils.results import save_record
+from nanovllm.utils.results import results_path, save_record
 
 
 def windows(num_tokens: int, max_len: int) -> list[tuple[int, int, int]]:
@@ -61,7 +61,7 @@ def main():
     parser.add_argument("--max-len", type=int, default=1024)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--load-format", default="auto")
-    parser.add_argument("--out", default=None, help="JSON file (default: benchmark_results/perplexity/...)")
+    parser.add_argument("--out", default=None, help="JSON file (default: results/perplexity/..., untracked)")
     args = parser.parse_args()
     if args.max_len < 2:
         parser.error(f"--max-len must be >= 2, got {args.max_len}")
@@ -80,7 +80,7 @@ def main():
               "device": llm.config.device, "dtype": str(llm.config.dtype).replace("torch.", ""),
               "command": "python -m nanovllm.tools.perplexity " + " ".join(sys.argv[1:]),
               "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-    save_record(record, args.out or os.path.join("benchmark_results", "perplexity",
+    save_record(record, args.out or results_path("perplexity",
                                                  f"{record['model']}-{record['text']}-{args.kv_cache_dtype}.json"))
 
 

@@ -1,8 +1,9 @@
 """Regression cases behind regression_test.sh: `python -m nanovllm.tools.regression CASE`.
 
 Each case prints one line, `[PASS] CASE: ...`, `[FAIL] CASE: reason` or `[SKIP] CASE: reason`, writes its
-JSON under benchmark_results/regression/, and exits 0 (pass), 1 (fail) or 2 (skip). Cases run on the GPU
-when CUDA is available (CUDA_VISIBLE_DEVICES is the caller's), else their CPU versions on the demo model.
+JSON under results/regression/ (untracked; NANOVLLM_REGRESSION_OUT moves it), and exits 0 (pass), 1 (fail)
+or 2 (skip). Cases run on the GPU when CUDA is available (CUDA_VISIBLE_DEVICES is the caller's), else
+their CPU versions on the demo model.
 """
 import json
 import os
@@ -16,8 +17,9 @@ import torch
 
 from nanovllm import LLM, SamplingParams
 from nanovllm.demo import DEMO_MODEL_DIR
+from nanovllm.utils.results import results_path
 
-OUT_DIR = os.environ.get("NANOVLLM_REGRESSION_OUT", os.path.join("benchmark_results", "regression"))
+OUT_DIR = os.environ.get("NANOVLLM_REGRESSION_OUT", results_path("regression"))
 CUDA = torch.cuda.is_available()
 KW = dict(max_model_len=1024, gpu_memory_utilization=0.3)
 ZEN_PROMPTS = ["Beautiful is better than", "Errors should never", "Special cases aren't"]

@@ -1,7 +1,14 @@
-"""Benchmark records: every script prints its JSON record and writes it under benchmark_results/."""
+"""Benchmark records: every script prints its JSON record and writes it to `--out`, by default under
+results/ (untracked; NANOVLLM_RESULTS moves it). benchmark_results/ holds the records the README and docs
+cite: a run lands there only when its --out says so."""
 import glob
 import json
 import os
+
+
+def results_path(*parts: str) -> str:
+    """Where a script writes a record nobody asked to keep: results/<parts> (not tracked by git)."""
+    return os.path.join(os.environ.get("NANOVLLM_RESULTS", "results"), *parts)
 
 
 def save_record(record: dict, path: str) -> None:
