@@ -248,6 +248,9 @@ def main():
                         help="JSON file (default: results/bench/<engine>-<model>-<workload>-...json, untracked; "
                              "the README's table renders benchmark_results/bench/)")
     args = parser.parse_args()
+    if args.workload == "random" and min(args.max_input_len, args.max_output_len) < 100:
+        parser.error("the random workload draws lengths from randint(100, max): --max-input-len and "
+                     "--max-output-len must be >= 100")
 
     model, load_format = resolve_model(args.model)
     w = make_workload(args.workload, args)

@@ -8,6 +8,14 @@ cd "$(dirname "$0")"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 cases=("$@")
 [ ${#cases[@]} -eq 0 ] && cases=(A B C D E F G H)
+for case in "${cases[@]}"; do
+  if [[ ! "$case" =~ ^[A-H]$ ]]; then
+    sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'      # the header above: what each case is, and the usage
+    [ "$case" = "--help" ] || [ "$case" = "-h" ] && exit 0
+    echo "unknown case '$case': choose among A B C D E F G H" >&2
+    exit 2
+  fi
+done
 passed=0; failed=0; skipped=0
 for case in "${cases[@]}"; do
   log=$(mktemp)

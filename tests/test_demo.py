@@ -22,4 +22,15 @@ def test_demo_model_recites_the_zen_of_python():
 def test_example_script_runs():
     out = subprocess.run([sys.executable, "example.py", "--max-tokens", "60"], capture_output=True, text=True,
                          check=True, timeout=300).stdout
-    assert "Completion: ' ugly.\\nExplicit is better than implicit." in out
+    assert "Completion:  ugly.\nExplicit is better than implicit." in out
+
+
+def test_example_script_knows_the_demo_by_its_config_and_refuses_a_bad_path(tmp_path):
+    import shutil
+    copy = tmp_path / "my-demo"
+    shutil.copytree(DEMO_MODEL_DIR, copy)
+    out = subprocess.run([sys.executable, "example.py", str(copy), "--max-tokens", "20"], capture_output=True,
+                         text=True, check=True, timeout=300).stdout
+    assert "Completion:  ugly.\nExplicit" in out
+    bad = subprocess.run([sys.executable, "example.py", "nanovllm"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr and "config.json" in bad.stderr

@@ -19,9 +19,13 @@ def test_regression_script_passes_every_case(tmp_path):
 
 
 def test_regression_script_reports_a_failure(tmp_path):
-    out = subprocess.run(["bash", "regression_test.sh", "Z"], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                         env=dict(os.environ, NANOVLLM_REGRESSION_OUT=str(tmp_path)))
-    assert out.returncode != 0 and out.stdout.strip().splitlines()[-1] == "0 passed, 1 failed, 0 skipped"
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("")             # the case cannot write its JSON there: it crashes after running
+    out = subprocess.run(["bash", "regression_test.sh", "H"], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, NANOVLLM_REGRESSION_OUT=str(blocked)))
+    lines = out.stdout.strip().splitlines()
+    assert out.returncode != 0 and lines[-1] == "0 passed, 1 failed, 0 skipped", out.stdout
+    assert lines[0].startswith("[FAIL] H")
 
 
 def test_bench_sharegpt_compares_configs(tmp_path):

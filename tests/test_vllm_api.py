@@ -55,3 +55,31 @@ def test_chat_template_kwargs_reach_the_template(llm, monkeypatch):
 def test_a_hub_id_says_where_to_put_the_files():
     with pytest.raises(ValueError, match="huggingface-cli download Qwen/Qwen3-0.6B"):
         LLM("Qwen/Qwen3-0.6B")
+
+
+def test_the_automatic_backend_fits_the_kv_cache_dtype(monkeypatch):
+    """With flash-attn installed, 'auto' picks it only for a 16-bit cache (it has no INT8/FP8 cache)."""
+    import importlib.util
+
+    from nanovllm.attention import backend
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object() if name == "flash_attn" else real(name))
+    assert backend.resolve_backend_name("auto", "cuda", "auto") == "flash_attn"
+    assert backend.resolve_backend_name("auto", "cuda", "int8") == "triton"
+    assert backend.resolve_backend_name("auto", "cpu", "fp8") == "torch"
+
+
+def test_bench_refuses_lengths_its_workload_cannot_draw():
+    import subprocess
+    import sys
+    run = subprocess.run([sys.executable, "bench.py", "--max-input-len", "50"], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 2 and "--max-input-len" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_regression_script_answers_help_and_refuses_unknown_cases():
+    import subprocess
+    ok = subprocess.run(["bash", "regression_test.sh", "--help"], capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0 and "Usage: bash regression_test.sh" in ok.stdout and "crashed" not in ok.stdout
+    bad = subprocess.run(["bash", "regression_test.sh", "Z"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "unknown case 'Z'" in bad.stderr

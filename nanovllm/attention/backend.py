@@ -37,19 +37,22 @@ _BACKENDS = {
 }
 
 
-def resolve_backend_name(name: str, device: str) -> str:
-    """'auto': flash_attn when installed on CUDA, else triton on CUDA, else the torch reference."""
+def resolve_backend_name(name: str, device: str, kv_cache_dtype: str = "auto") -> str:
+    """'auto': flash_attn when installed on CUDA (and the cache is 16-bit: it has no INT8/FP8 cache), else
+    triton on CUDA, else the torch reference."""
     if name != "auto":
         if name != "torch" and device != "cuda":
             raise ValueError(f"attention_backend={name!r} needs a CUDA device; on {device} use 'torch' or 'auto'")
         return name
     if device != "cuda":
         return "torch"
-    return "flash_attn" if importlib.util.find_spec("flash_attn") else "triton"
+    if kv_cache_dtype == "auto" and importlib.util.find_spec("flash_attn"):
+        return "flash_attn"
+    return "triton"
 
 
-def get_attention_backend(name: str, device: str) -> AttentionBackend:
-    name = resolve_backend_name(name, device)
+def get_attention_backend(name: str, device: str, kv_cache_dtype: str = "auto") -> AttentionBackend:
+    name = resolve_backend_name(name, device, kv_cache_dtype)
     if name not in _BACKENDS:
         raise ValueError(f"attention_backend={name!r} is not available; choose one of {['auto', *_BACKENDS]}")
     module, cls = _BACKENDS[name]

@@ -28,7 +28,8 @@ def demo_config() -> Qwen3Config:
     return Qwen3Config(vocab_size=320, hidden_size=128, intermediate_size=384, num_hidden_layers=4,
                        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=1024,
                        tie_word_embeddings=True, rms_norm_eps=1e-6, rope_theta=10000.0, eos_token_id=256,
-                       bos_token_id=256, pad_token_id=256, dtype="bfloat16")
+                       bos_token_id=256, pad_token_id=256, dtype="bfloat16",
+                       nanovllm_demo="zen-of-python")   # example.py recognises the demo by this mark
 
 
 def train(steps: int, seed: int = 0) -> Qwen3ForCausalLM:

@@ -76,7 +76,7 @@ class ModelRunner:
         self._baseline_bytes = torch.cuda.memory_allocated() if self.device.type == "cuda" else 0
         self.model = self._build_model()
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
-        self.backend = get_attention_backend(config.attention_backend, config.device)
+        self.backend = get_attention_backend(config.attention_backend, config.device, config.kv_cache_dtype)
         if config.kv_cache_dtype not in self.backend.kv_cache_dtypes:
             raise ValueError(f"attention_backend={self.backend.name!r} supports kv_cache_dtype "
                              f"{list(self.backend.kv_cache_dtypes)}, not {config.kv_cache_dtype!r}")
