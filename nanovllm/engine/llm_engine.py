@@ -2,6 +2,7 @@
 import logging
 import operator
 import os
+import sys
 import time
 
 from tqdm.auto import tqdm
@@ -293,20 +294,27 @@ class LLMEngine:
         self.scheduler.abort(seqs)
 
     def _run_until_done(self, outputs: list, index: dict[int, int], use_tqdm: bool) -> None:
-        bar = tqdm(total=len(index), desc="Generating", dynamic_ncols=True, disable=not use_tqdm)
-        rates = {}
+        """Step until every request is done. The bar shows, as vLLM's does, the requests done and the
+        finished requests' input and output tokens per second since the start (a steady rate); written
+        to a file or a pipe it updates every 10 s, not every step."""
+        tty = sys.stderr.isatty()
+        bar = tqdm(total=len(index), desc="Processed prompts", dynamic_ncols=True, disable=not use_tqdm,
+                   mininterval=0.1 if tty else 10.0)
+        start, done_in, done_out = time.perf_counter(), 0, 0
         while not self.scheduler.is_finished():
             t = time.perf_counter()
             finished, num_tokens, kind = self.step()
             elapsed = time.perf_counter() - t
-            rates[kind] = f"{num_tokens / max(elapsed, 1e-9):.0f}tok/s"
             self.stats[f"{kind}_steps"] += 1
             self.stats[f"{kind}_tokens"] += num_tokens
             self.stats[f"{kind}_s"] += elapsed
-            if use_tqdm:
-                bar.set_postfix(rates)
             for seq in finished:
                 outputs[index[seq.seq_id]] = self.output(seq)
-                bar.update(1)
+                done_in, done_out = done_in + seq.num_prompt_tokens, done_out + seq.num_completion_tokens
+            if finished and use_tqdm:
+                wall = max(time.perf_counter() - start, 1e-9)
+                bar.set_postfix_str(f"est. speed input: {done_in / wall:.2f} toks/s, "
+                                    f"output: {done_out / wall:.2f} toks/s", refresh=False)
+                bar.update(len(finished))
         self._drain()   # a last step may still be in flight for sequences that had finished
         bar.close()
