@@ -133,7 +133,7 @@ def sweep(q, cache, kind, tables, context_lens, splits, order) -> list[dict]:
         candidates.append(settings)
     # Timed only once every setting is compiled, in two rounds, each setting's best kept: a setting timed
     # right after a compilation (the GPU idle meanwhile) read up to ~15% slow on the H200
-    # (benchmark_results/kv_int8_cache/experiments/decode-programs-2026-12-04.json)
+    # (git show 11b49a5:benchmark_results/kv_int8_cache/experiments/decode-programs-2026-12-04.json)
     times = [[] for _ in candidates]
     for _ in range(2):
         for settings, ms in zip(candidates, times):
