@@ -1,7 +1,6 @@
 """Runs the model for one scheduled batch: device setup, KV cache allocation, step inputs, sampling."""
 import logging
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -11,12 +10,8 @@ from nanovllm.attention.backend import get_attention_backend
 from nanovllm.attention.metadata import AttentionMetadata, decode_order, shared_prefix, use_metadata
 from nanovllm.config import Config
 from nanovllm.engine.cuda_graph import DecodeGraphs, MixedGraphs
-from nanovllm.engine.logprobs import (
-    StepLogprobs,
-    prompt_logprobs,
-    sampled_dicts,
-    sampled_logprobs,
-)
+from nanovllm.engine.logprobs import StepLogprobs, prompt_logprobs, sampled_dicts, sampled_logprobs
+from nanovllm.engine.pending import PendingStep
 from nanovllm.engine.sampling_inputs import SamplingInputs
 from nanovllm.engine.scheduler import ScheduledBatch
 from nanovllm.engine.sequence import Sequence
@@ -31,25 +26,6 @@ from nanovllm.utils.distributed import get_tp_rank
 from nanovllm.utils.loader import load_dummy, load_model, process_weights_after_loading
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class PendingStep:
-    """A step launched on the GPU whose sampled ids the host has not read yet."""
-    batch: ScheduledBatch
-    token_ids: torch.Tensor          # [len(batch.sample_rows)] on the GPU: the next step reads inputs here
-    rows: dict[int, int]             # seq_id -> its entry in token_ids
-    host: torch.Tensor               # pinned copy of token_ids, valid once `done` has fired
-    done: torch.cuda.Event
-    wanted_logprobs: object = None   # (rows, TokenLogprobs) for rows that asked for logprobs
-
-    def collect(self) -> tuple[list[int | None], StepLogprobs]:
-        """The sampled id of every batch row (None for a chunk that does not reach its prompt's end)."""
-        self.done.synchronize()
-        token_ids: list[int | None] = [None] * len(self.batch.seqs)
-        for row, token_id in zip(self.batch.sample_rows, self.host.tolist()):
-            token_ids[row] = token_id
-        return token_ids, StepLogprobs(sampled_dicts(self.wanted_logprobs, self.batch.seqs, token_ids))
 
 
 class ModelRunner:
