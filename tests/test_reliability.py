@@ -211,7 +211,9 @@ def test_a_tensor_parallel_script_without_a_main_guard_fails_fast(tmp_path):
     script.write_text("from nanovllm import LLM\n"
                       "LLM('nanovllm/demo/zen-qwen3', tensor_parallel_size=2, device='cpu', max_model_len=128)\n")
     start = time.monotonic()
-    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240,
-                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240, cwd=root,
+                         env=env)
     assert run.returncode != 0 and time.monotonic() - start < 120
     assert "__main__" in run.stderr and "exited with code" in run.stderr, run.stderr[-2000:]

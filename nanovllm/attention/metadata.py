@@ -23,8 +23,9 @@ class AttentionMetadata:
     max_seqlen_k: int
     context_lens_cpu: list[int]   # host copies, so reference code needs no device sync
     cu_seqlens_q_cpu: list[int]
+    num_decodes: int = 0          # a mixed step's first rows bring one query each (decodes)
     num_decode_splits: int = 1    # split-KV factor of the decode kernel (fixed per CUDA graph)
-    decode_order: torch.Tensor | None = None   # [num_seqs] int32: rows by descending context (launch order)
+    decode_order: torch.Tensor | None = None   # [decode rows] int32: by descending context (launch order)
     tiles: torch.Tensor | None = None          # [capacity, 2] int32 tile map of a prefill/mixed CUDA graph
     shared: torch.Tensor | None = None         # [2 + num_seqs] int32: cascade attention's plan (shared_prefix)
 

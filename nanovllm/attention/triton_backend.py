@@ -32,8 +32,18 @@ class TritonBackend:
         store_step_kv(k, v, cache, meta)
 
     def forward(self, q, cache: LayerKVCache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-        if meta.is_prefill:
+        if not meta.is_prefill:
+            return decode_attention(q, cache, meta.block_tables, meta.context_lens, scale, meta.num_decode_splits,
+                                    order=meta.decode_order, shared=meta.shared)
+        n = meta.num_decodes if meta.tiles is None else 0
+        if n == 0:   # a CUDA graph's tile map gives each decode row a 16-query tile of its own
             return prefill_attention(q, cache, meta.block_tables, meta.context_lens, meta.cu_seqlens_q,
                                      meta.max_seqlen_q, scale, tiles=meta.tiles)
-        return decode_attention(q, cache, meta.block_tables, meta.context_lens, scale, meta.num_decode_splits,
-                                order=meta.decode_order, shared=meta.shared)
+        # An eager mixed step: its decode rows (first) go to the decode kernel, which reads each KV head
+        # once for all its query heads and splits long contexts; in the prefill kernel each would fill a
+        # 64-query tile alone
+        out = torch.empty_like(q)
+        decode_attention(q[:n], cache, meta.block_tables[:n], meta.context_lens[:n], scale, meta.num_decode_splits,
+                         order=meta.decode_order, out=out[:n])
+        return prefill_attention(q, cache, meta.block_tables[n:], meta.context_lens[n:], meta.cu_seqlens_q[n:],
+                                 meta.max_seqlen_q, scale, out=out)

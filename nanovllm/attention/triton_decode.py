@@ -202,7 +202,8 @@ def num_decode_splits(num_seqs: int, num_kv_heads: int, max_context_len: int, nu
 
 def decode_attention(q: torch.Tensor, cache: LayerKVCache, block_tables: torch.Tensor, context_lens: torch.Tensor,
                      scale: float, num_splits: int = 1, settings: dict | None = None,
-                     order: torch.Tensor | None = None, shared: torch.Tensor | None = None) -> torch.Tensor:
+                     order: torch.Tensor | None = None, shared: torch.Tensor | None = None,
+                     out: torch.Tensor | None = None) -> torch.Tensor:
     """q [num_seqs, num_heads, head_dim] (one token each) -> out of the same shape. `settings`: launch
     settings ({"block_n", "num_warps", "num_stages"} and optionally "maxnreg", a cap on registers per
     thread), by default the tuned ones for this GPU and launch size.
@@ -211,13 +212,14 @@ def decode_attention(q: torch.Tensor, cache: LayerKVCache, block_tables: torch.T
     `shared`: int32 [2 + num_seqs] on the device, for cascade attention (metadata.shared_prefix): the
     prefix length L (whole blocks), a row that holds it, then per row L or 0. The sharers' first L keys are
     the same blocks in each of their tables; their K/V are read once per KV head for all sharers (a second
-    launch over tiles of (sequence, head) pairs), each row's other keys as usual. L = 0 shares nothing."""
+    launch over tiles of (sequence, head) pairs), each row's other keys as usual. L = 0 shares nothing.
+    `out`: where to write (by default a new tensor like q)."""
     k_cache, v_cache = cache.k, cache.v
     num_seqs, num_heads, head_dim = q.shape
     block_size, num_kv_heads = check_paged_inputs(q, cache, block_tables)
     assert num_splits == triton.next_power_of_2(num_splits)
     group = num_heads // num_kv_heads
-    out = torch.empty_like(q)
+    out = torch.empty_like(q) if out is None else out
     cascade = shared is not None
     num_parts = num_splits + cascade
     part_acc = part_ml = out   # unused with one part

@@ -42,6 +42,39 @@ FLAT_BLOCK_M = 16   # query rows per tile of a tile-map launch (mixed steps: mos
 
 
 @triton.jit
+def _attend(acc, m_i, l_i, q, q8, row_scale, q_pos, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr,
+            block_tables_ptr, seq, kv_head, start, stop, context_len, stride_bt, stride_cb, stride_cs, stride_ch,
+            stride_sb, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+            DOT_PRECISION: tl.constexpr, QUANT: tl.constexpr, V_GROUP: tl.constexpr, INT8_DOTS: tl.constexpr,
+            MASKED: tl.constexpr):
+    """Key tiles start .. stop - 1 (BLOCK_N apart) folded into the running (acc, m, l). MASKED: the tiles
+    on the causal diagonal or at the context's end; the others need no mask, and a loop without a branch
+    in it is one Triton can software-pipeline."""
+    for start_n in range(start, stop, BLOCK_N):
+        k, v, block, rows, key_ok = load_kv_tile(k_cache_ptr, v_cache_ptr, block_tables_ptr, seq, kv_head,
+                                                 start_n, context_len, stride_bt, stride_cb, stride_cs,
+                                                 stride_ch, BLOCK_SIZE, HEAD_DIM, BLOCK_N, V_GROUP)
+        if INT8_DOTS:
+            s = int8_scores(q8, k)                                            # [BLOCK_M, BLOCK_N]
+        else:
+            s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION)
+        if QUANT:   # K's per-key scales multiply the score columns
+            s = s * key_scales(k_scale_ptr, block, rows, kv_head, key_ok, stride_sb, BLOCK_SIZE)
+        if MASKED:
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            s = tl.where((offs_n[None, :] <= q_pos[:, None]) & key_ok[None, :], s, float("-inf"))
+        p, alpha, m_i, l_i = online_softmax(s, row_scale, m_i, l_i)
+        if QUANT:   # V's per-key scales multiply the probability columns (after l is updated)
+            p = p * key_scales(v_scale_ptr, block, rows, kv_head, key_ok, stride_sb, BLOCK_SIZE)
+        acc = acc * alpha[:, None]
+        if INT8_DOTS:
+            acc += int8_pv(p, v)
+        else:   # accumulated inside the tensor-core dot
+            acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc, input_precision=DOT_PRECISION)
+    return acc, m_i, l_i
+
+
+@triton.jit
 def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, out_ptr, block_tables_ptr,
                     context_lens_ptr, cu_q_ptr, tiles_ptr, qk_scale, stride_qt, stride_qh, stride_ot, stride_oh,
                     stride_bt, stride_cb, stride_cs, stride_ch, stride_sb,
@@ -54,10 +87,12 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, o
         seq = tl.load(tiles_ptr + 2 * tl.program_id(0))
         tile = tl.load(tiles_ptr + 2 * tl.program_id(0) + 1)
     else:
-        tile, seq = tl.program_id(0), tl.program_id(1)
+        seq = tl.program_id(1)
     q_start = tl.load(cu_q_ptr + tl.maximum(seq, 0))
     q_len = tl.load(cu_q_ptr + tl.maximum(seq, 0) + 1) - q_start
-    if (seq >= 0) & (tile * BLOCK_M < q_len):
+    if not FLAT:   # the last tile, which sees the most keys, starts first: a causal grid's tail is short
+        tile = tl.cdiv(q_len, BLOCK_M) - 1 - tl.program_id(0)
+    if (seq >= 0) & (tile >= 0) & (tile * BLOCK_M < q_len):
         context_len = tl.load(context_lens_ptr + seq)
         kv_head = head // GROUP
         offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -70,6 +105,7 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, o
         if DOT_FP16:   # FP8 cache: the dots run in float16 (an FP8 tile converts to it in half the instructions)
             q = q.to(tl.float16)
         row_scale = tl.full([BLOCK_M], qk_scale, tl.float32)   # the scores' factor in the softmax
+        q8 = q
         if INT8_DOTS:  # INT8 cache: the dots run on the INT8 tensor cores (triton_tiles.int8_scores / int8_pv)
             q8, row_scale = int8_query(q, qk_scale)   # the query's row scales, the softmax scale in them
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -77,28 +113,15 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, o
         acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
         end = tl.minimum(context_len, context_len - q_len + (tile + 1) * BLOCK_M)
         # keys before the tile's first position are visible to all its rows: tiles that end there need no mask
-        unmasked_end = context_len - q_len + tile * BLOCK_M + 1
-        for start_n in range(0, end, BLOCK_N):
-            offs_n = start_n + tl.arange(0, BLOCK_N)
-            k, v, block, rows, key_ok = load_kv_tile(k_cache_ptr, v_cache_ptr, block_tables_ptr, seq, kv_head,
-                                                     start_n, context_len, stride_bt, stride_cb, stride_cs,
-                                                     stride_ch, BLOCK_SIZE, HEAD_DIM, BLOCK_N, V_GROUP)
-            if INT8_DOTS:
-                s = int8_scores(q8, k)                                        # [BLOCK_M, BLOCK_N]
-            else:
-                s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION)
-            if QUANT:   # K's per-key scales multiply the score columns
-                s = s * key_scales(k_scale_ptr, block, rows, kv_head, key_ok, stride_sb, BLOCK_SIZE)
-            if start_n + BLOCK_N > unmasked_end:     # the causal diagonal or the context's end
-                s = tl.where((offs_n[None, :] <= q_pos[:, None]) & key_ok[None, :], s, float("-inf"))
-            p, alpha, m_i, l_i = online_softmax(s, row_scale, m_i, l_i)
-            if QUANT:   # V's per-key scales multiply the probability columns (after l is updated)
-                p = p * key_scales(v_scale_ptr, block, rows, kv_head, key_ok, stride_sb, BLOCK_SIZE)
-            if INT8_DOTS:
-                pv = int8_pv(p, v)
-            else:
-                pv = tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
-            acc = acc * alpha[:, None] + pv
+        unmasked_end = (context_len - q_len + tile * BLOCK_M + 1) // BLOCK_N * BLOCK_N
+        acc, m_i, l_i = _attend(acc, m_i, l_i, q, q8, row_scale, q_pos, k_cache_ptr, v_cache_ptr, k_scale_ptr,
+                                v_scale_ptr, block_tables_ptr, seq, kv_head, 0, unmasked_end, context_len,
+                                stride_bt, stride_cb, stride_cs, stride_ch, stride_sb, BLOCK_SIZE, HEAD_DIM,
+                                BLOCK_N, DOT_PRECISION, QUANT, V_GROUP, INT8_DOTS, MASKED=False)
+        acc, m_i, l_i = _attend(acc, m_i, l_i, q, q8, row_scale, q_pos, k_cache_ptr, v_cache_ptr, k_scale_ptr,
+                                v_scale_ptr, block_tables_ptr, seq, kv_head, unmasked_end, end, context_len,
+                                stride_bt, stride_cb, stride_cs, stride_ch, stride_sb, BLOCK_SIZE, HEAD_DIM,
+                                BLOCK_N, DOT_PRECISION, QUANT, V_GROUP, INT8_DOTS, MASKED=True)
         out = acc / l_i[:, None]
         tl.store(out_ptr + q_rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
@@ -139,12 +162,15 @@ def flat_tiles(q_lens, capacity: int | None = None) -> np.ndarray:
 
 def prefill_attention(q: torch.Tensor, cache: LayerKVCache, block_tables: torch.Tensor, context_lens: torch.Tensor,
                       cu_seqlens_q: torch.Tensor, max_seqlen_q: int, scale: float,
-                      settings: dict | None = None, tiles: torch.Tensor | None = None) -> torch.Tensor:
+                      settings: dict | None = None, tiles: torch.Tensor | None = None,
+                      out: torch.Tensor | None = None) -> torch.Tensor:
     """q [num_tokens, num_heads, head_dim] -> out of the same shape. `settings`: launch settings
     ({"block_m", "block_n", "num_warps", "num_stages"}), by default `prefill_settings`. `tiles`: a tile
     map on the device (`flat_tiles`), for a launch whose grid depends on no host value (CUDA graphs):
     max_seqlen_q is then ignored and query tiles have FLAT_BLOCK_M rows. Rows of q that no tile covers
-    (padding) are left unwritten."""
+    (padding) are left unwritten. `out`: where to write (by default a new tensor like q); cu_seqlens_q
+    indexes rows of q and out, so a caller can pass a slice of the sequences (block_tables[i:],
+    context_lens[i:], cu_seqlens_q[i:]) and the whole q."""
     k_cache, v_cache = cache.k, cache.v
     num_tokens, num_heads, head_dim = q.shape
     block_size, num_kv_heads = check_paged_inputs(q, cache, block_tables)
@@ -154,7 +180,7 @@ def prefill_attention(q: torch.Tensor, cache: LayerKVCache, block_tables: torch.
     else:
         settings = settings or prefill_settings(cache, head_dim, max_seqlen_q)
         grid = (triton.cdiv(max_seqlen_q, settings["block_m"]), context_lens.shape[0], num_heads)
-    out = torch.empty_like(q)
+    out = torch.empty_like(q) if out is None else out
     k_scale, v_scale = (cache.k_scale, cache.v_scale) if cache.quantized else (k_cache, v_cache)
     _prefill_kernel[grid](q, k_cache, v_cache, k_scale, v_scale, out, block_tables, context_lens, cu_seqlens_q,
                           cu_seqlens_q if tiles is None else tiles, scale * 1.4426950408889634,

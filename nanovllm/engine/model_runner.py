@@ -197,10 +197,11 @@ class ModelRunner:
                 sample_rows.append(i)
         to = dict(device=self.device)
         num_splits, order, shared = 1, None, None
+        decodes = context_lens[:batch.num_decodes]   # the decode rows (all rows of a decode step)
+        if decodes:
+            num_splits = self.backend.plan_decode(len(decodes), self.attention_layers[0].num_kv_heads, max(decodes))
+            order = torch.from_numpy(decode_order(decodes)).to(**to)
         if not batch.is_prefill:
-            num_splits = self.backend.plan_decode(len(batch.seqs), self.attention_layers[0].num_kv_heads,
-                                                  max(context_lens))
-            order = torch.from_numpy(decode_order(context_lens)).to(**to)
             if self.config.enable_cascade_attention and self.backend.supports_cascade:
                 shared = torch.tensor(shared_prefix([s.block_table for s in batch.seqs], context_lens,
                                                     self.block_size), dtype=torch.int32, **to)
@@ -211,8 +212,8 @@ class ModelRunner:
             block_tables=torch.from_numpy(block_tables).to(**to),
             cu_seqlens_q=torch.tensor(cu_q, dtype=torch.int32, **to),
             max_seqlen_q=max(batch.num_new_tokens), max_seqlen_k=max(context_lens),
-            context_lens_cpu=context_lens, cu_seqlens_q_cpu=cu_q, num_decode_splits=num_splits, decode_order=order,
-            shared=shared)
+            context_lens_cpu=context_lens, cu_seqlens_q_cpu=cu_q, num_decodes=batch.num_decodes,
+            num_decode_splits=num_splits, decode_order=order, shared=shared)
         ids = torch.from_numpy(np.concatenate(input_ids)).to(**to)
         pos = torch.from_numpy(np.concatenate(positions)).to(**to)
         return ids, pos, meta, sample_rows

@@ -52,7 +52,7 @@ def union_length(spans: list[tuple[float, float]]) -> float:
 
 def profile_steps(llm, steps: int) -> dict:
     """Profile the engine's next `steps` steps (requests already added): the GPU's idle fraction between
-    the first and last kernel, and the time per step."""
+    the first and last kernel, the time per step, and the kernels that take most of it."""
     torch.cuda.synchronize()
     done = 0
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -66,7 +66,8 @@ def profile_steps(llm, steps: int) -> dict:
     window = spans[-1][1] - spans[0][0]
     busy = union_length(spans)
     return {"steps": done, "wall_ms_per_step": round(1e3 * wall / done, 3),
-            "gpu_busy_ms_per_step": round(busy / 1e3 / done, 3), "idle_fraction": round(1 - busy / window, 4)}
+            "gpu_busy_ms_per_step": round(busy / 1e3 / done, 3), "idle_fraction": round(1 - busy / window, 4),
+            "top_kernels_ms_per_step": top_kernels(prof, done, 8)}
 
 
 def requests(args) -> list[tuple[list[int], int]]:

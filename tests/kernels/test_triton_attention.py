@@ -191,6 +191,24 @@ def test_prefill_by_tile_map_matches_reference(kv_cache_dtype, spare_tiles):
     assert rel_err(out[:num_tokens], ref) < TOL[DTYPES[0]]
 
 
+@pytest.mark.parametrize("kv_cache_dtype", KV_DTYPES)
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_eager_mixed_step_sends_its_decode_rows_to_the_decode_kernel(kv_cache_dtype, num_splits):
+    """An eager mixed step through the backend: the decode rows (first) by the decode kernel, the prompt
+    chunks by the prefill kernel over a slice of the sequences, one output; equal to the reference."""
+    import dataclasses
+
+    from nanovllm.attention.triton_backend import TritonBackend
+    query_lens, context_lens = MIXED_SHAPE
+    num_decodes = query_lens.index(max(query_lens))
+    q, cache, meta = make_case(query_lens, context_lens, 4, 2, HEAD_DIMS[-1], 16, DTYPES[0], DEVICE,
+                               kv_cache_dtype=kv_cache_dtype)
+    order = torch.from_numpy(decode_order(context_lens[:num_decodes])).to(DEVICE)
+    meta = dataclasses.replace(meta, num_decodes=num_decodes, num_decode_splits=num_splits, decode_order=order)
+    out = TritonBackend().forward(q, cache, meta, 0.1)
+    assert rel_err(out, paged_attention_ref(q, cache, meta, 0.1)) < TOL[DTYPES[0]]
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("heads", GQA)
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
