@@ -133,6 +133,23 @@ def test_the_quantizer_checks_its_settings_first(model_dir, tmp_path, kw):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("content", [None, '{"ids": [1, 2]}', "[1.5, 2]", "[1, 99999999]", "[]", "[1, 2",
+                                     "", b"\xff\xfe\x00bad"])
+def test_the_quantizer_says_what_calibration_input_it_takes(model_dir, tmp_path, content):
+    """Bad --calib input (missing, JSON that is no list of ids, ids outside the vocabulary, no tokens, not
+    UTF-8) is a ValueError naming --calib, and nothing is written."""
+    from nanovllm.quant.awq_quantize import quantize_checkpoint
+    suffix = ".txt" if content in ("", b"\xff\xfe\x00bad") else ".json"
+    calib = tmp_path / f"calib{suffix}"
+    if isinstance(content, bytes):
+        calib.write_bytes(content)
+    elif content is not None:
+        calib.write_text(content)
+    with pytest.raises(ValueError, match="--calib"):
+        quantize_checkpoint(model_dir, str(tmp_path / "out"), method="rtn", calib=str(calib))
+    assert not (tmp_path / "out").exists()
+
+
 def test_perplexity_cli_defaults_on_the_demo_model_and_a_long_text(tmp_path):
     """F6: the default --max-len (1,024) is over the demo model's positions; the CLI uses what fits."""
     import json

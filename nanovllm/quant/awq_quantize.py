@@ -146,19 +146,37 @@ def quantize_model(model, input_ids: torch.Tensor | None, group_size: int, metho
     return tensors
 
 
-def calibration_ids(tokenizer, path: str | None, max_tokens: int) -> torch.Tensor:
-    """Token ids [1, n] of a text file, a JSON list of ids, or by default the Zen of Python."""
+def calibration_ids(tokenizer, path: str | None, max_tokens: int, vocab_size: int | None = None) -> torch.Tensor:
+    """Token ids [1, n] of a text file, a JSON list of ids, or by default the Zen of Python. ValueError for
+    input that cannot calibrate: a missing or unreadable file, JSON that is not a non-empty list of ids in
+    [0, vocab_size), text with no tokens."""
+    if path and not os.path.isfile(path):
+        raise ValueError(f"--calib {path!r} is not a file; give a UTF-8 text file or a .json list of token ids")
     if path and path.endswith(".json"):
-        with open(path) as f:
-            ids = json.load(f)
+        try:
+            with open(path) as f:
+                ids = json.load(f)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"--calib {path!r} is not valid JSON ({e}); a .json file must hold a list of token "
+                             f"ids") from None
+        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            raise ValueError(f"--calib {path!r} must hold a JSON list of integer token ids, e.g. [151643, 872]")
+        if vocab_size is not None and any(not 0 <= i < vocab_size for i in ids):
+            raise ValueError(f"--calib {path!r} has token ids outside [0, {vocab_size}) (the model's vocabulary)")
     else:
         if path:
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
+            try:
+                with open(path, encoding="utf-8") as f:
+                    text = f.read()
+            except UnicodeDecodeError:
+                raise ValueError(f"--calib {path!r} is not UTF-8 text; give a text file or a .json list of "
+                                 f"token ids") from None
         else:
             from nanovllm.demo.train import zen_of_python
             text = zen_of_python() * 4
         ids = tokenizer.encode(text)
+    if not ids:
+        raise ValueError(f"--calib {path!r} gives no tokens to calibrate on; it needs some text or ids")
     return torch.tensor([ids[:max_tokens]])
 
 
@@ -170,7 +188,7 @@ def quantize_checkpoint(model_dir: str, out_dir: str, method: str = "awq", group
     from transformers import AutoModelForCausalLM, AutoTokenizer
     check_settings(model_dir, out_dir, group_size, calib_tokens)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    ids = calibration_ids(AutoTokenizer.from_pretrained(model_dir), calib, calib_tokens)
+    ids = calibration_ids(AutoTokenizer.from_pretrained(model_dir), calib, calib_tokens, model.config.vocab_size)
     tensors = quantize_model(model, ids, group_size, method)
     final, out_dir = out_dir, tempfile.mkdtemp(prefix=".awq-", dir=os.path.dirname(os.path.abspath(out_dir)))
     save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
