@@ -22,12 +22,15 @@ class CompletionOutput:
 class RequestOutput(dict):
     """A finished request: vLLM's attributes over nanovllm's dict keys."""
 
-    def __init__(self, fields: dict, request_id: str, prompt: str | None):
-        super().__init__(fields)
+    def __init__(self, completions: dict | list[dict], request_id: str, prompt: str | None):
+        """completions: the fields of each completion (n of them), or one dict (a rejected request). The
+        dict keys are the first completion's."""
+        completions = [completions] if isinstance(completions, dict) else completions
+        super().__init__(completions[0])
         self.request_id = request_id
         self.prompt = prompt
-        self.outputs = [CompletionOutput(0, fields["text"], fields["token_ids"], fields.get("cumulative_logprob"),
-                                         fields.get("logprobs"), fields["finish_reason"])]
+        self.outputs = [CompletionOutput(j, c["text"], c["token_ids"], c.get("cumulative_logprob"), c.get("logprobs"),
+                                         c["finish_reason"]) for j, c in enumerate(completions)]
 
     prompt_token_ids = property(lambda self: self["prompt_token_ids"])
     prompt_logprobs = property(lambda self: self.get("prompt_logprobs"))

@@ -196,7 +196,9 @@ def test_settings_of_the_wrong_type_fail_when_the_engine_is_made(model_dir, kw):
         LLM(model_dir, **(KW | kw))
 
 
-def test_clipping_max_model_len_is_logged(model_dir, caplog):
+def test_clipping_max_model_len_is_logged(model_dir, caplog, monkeypatch):
+    import logging
+    monkeypatch.setattr(logging.getLogger("nanovllm"), "propagate", True)   # to caplog's root handler
     llm = LLM(model_dir, **(KW | dict(max_model_len=10**6)))
     assert llm.config.max_model_len == 1024 and "max_position_embeddings" in caplog.text
 

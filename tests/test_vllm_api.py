@@ -83,3 +83,50 @@ def test_regression_script_answers_help_and_refuses_unknown_cases():
     assert ok.returncode == 0 and "Usage: bash regression_test.sh" in ok.stdout and "crashed" not in ok.stdout
     bad = subprocess.run(["bash", "regression_test.sh", "Z"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "unknown case 'Z'" in bad.stderr
+
+
+VLLM_SCRIPT = '''
+import sys
+
+from nanovllm import LLM, SamplingParams   # the one line that differs from the vLLM script
+
+prompts = ["Beautiful is better than", "Errors should never", "Now is better than"]
+sampling_params = SamplingParams(temperature=0.8, top_p=0.95, max_tokens=12, n=2, stop=["."])
+
+
+def main():
+    llm = LLM(model=sys.argv[1], max_model_len=256)
+    outputs = llm.generate(prompts, sampling_params)
+    print("Generated Outputs:")
+    for output in outputs:
+        prompt = output.prompt
+        for completion in output.outputs:
+            print(f"Prompt: {prompt!r}, Output: {completion.text!r}, {completion.finish_reason}")
+    conversation = [{"role": "system", "content": "You are a helpful assistant"},
+                    {"role": "user", "content": "Hello"}]
+    outputs = llm.chat(conversation, SamplingParams(temperature=0, max_tokens=8), use_tqdm=False,
+                       chat_template_kwargs={"enable_thinking": False})
+    print(f"Chat: {outputs[0].outputs[0].text!r}")
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def test_a_vllm_offline_script_runs_on_the_demo_model(tmp_path):
+    """vLLM's offline example (generate with temperature, top_p, max_tokens, n, stop; a loop over
+    output.outputs; chat with chat_template_kwargs), its import line changed and nothing else."""
+    import os
+    import subprocess
+    import sys
+    script = tmp_path / "vllm_example.py"
+    script.write_text(VLLM_SCRIPT)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": root}
+    run = subprocess.run([sys.executable, str(script), DEMO_MODEL_DIR], capture_output=True, text=True, timeout=300,
+                         env=env)
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = [line for line in run.stdout.splitlines() if line.startswith("Prompt: ")]
+    assert len(lines) == 6 and all(line.endswith(("stop", "length")) for line in lines)
+    assert any(line.startswith("Chat: ") for line in run.stdout.splitlines())

@@ -2,8 +2,9 @@
 
 A full block is identified by a chained hash: hash(parent block's hash, this block's token ids), so two
 sequences share a block only when every token before it is equal too. Blocks are registered in the
-cache once their K/V have been written. A freed block keeps its hash and stays findable until the pool
-hands it out again (least recently freed first): that is the eviction.
+cache when the step that writes their K/V is scheduled (a request later in the same step may share them:
+every layer stores the step's K/V before its attention reads them). A freed block keeps its hash and
+stays findable until the pool hands it out again (least recently freed first): that is the eviction.
 """
 import numpy as np
 import xxhash
@@ -118,12 +119,16 @@ class BlockManager:
         if len(seq) > len(seq.block_table) * self.block_size:
             seq.block_table.append(self._fresh_block())
 
-    def commit(self, seq: Sequence) -> None:
-        """Register every block whose K/V are now fully written, so later requests can share it."""
+    def commit(self, seq: Sequence, num_tokens: int | None = None) -> None:
+        """Register every block that the first num_tokens tokens (by default the computed ones) fill, so
+        later requests can share it. The scheduler commits a chunk's blocks when it schedules the chunk:
+        a request behind it in the same step then reads them too, since each layer stores the step's K/V
+        before its attention reads any (so n samples of one prompt compute the prompt once)."""
         if not self.enable_prefix_caching:
             return
         done = self.num_hashed_blocks.get(seq.seq_id, 0)
-        num_full = min(seq.num_computed_tokens // self.block_size, len(seq.block_table))
+        num_tokens = seq.num_computed_tokens if num_tokens is None else num_tokens
+        num_full = min(num_tokens // self.block_size, len(seq.block_table))
         if num_full <= done:
             return
         parent = self.blocks[seq.block_table[done - 1]].hash if done else -1
@@ -134,3 +139,12 @@ class BlockManager:
             block.hash, block.token_ids = parent, token_ids
             self.hash_to_block_id[parent] = block.block_id
         self.num_hashed_blocks[seq.seq_id] = max(done, num_full)
+
+    def forget_unwritten(self, seq: Sequence) -> None:
+        """Unregister the blocks committed for a step that never ran (an aborted call): past the sequence's
+        computed tokens, their K/V may not have been written."""
+        written = seq.num_computed_tokens // self.block_size
+        for i in range(written, self.num_hashed_blocks.get(seq.seq_id, 0)):
+            self._evict(self.blocks[seq.block_table[i]])
+        if seq.seq_id in self.num_hashed_blocks:
+            self.num_hashed_blocks[seq.seq_id] = min(written, self.num_hashed_blocks[seq.seq_id])

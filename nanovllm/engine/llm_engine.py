@@ -1,4 +1,5 @@
 """The generate loop: validate and tokenize requests, schedule, run, check stop conditions, detokenize."""
+import dataclasses
 import logging
 import operator
 import os
@@ -53,6 +54,11 @@ class LLMEngine:
 
     def __init__(self, model: str, **kwargs):
         self.config = config = build_config(model, kwargs)
+        logger.info("nanovllm engine: model=%s dtype=%s max_model_len=%d max_num_seqs=%d "
+                    "max_num_batched_tokens=%d kv_cache_dtype=%s tensor_parallel_size=%d enforce_eager=%s "
+                    "enable_prefix_caching=%s device=%s", config.model, config.dtype, config.max_model_len,
+                    config.max_num_seqs, config.max_num_batched_tokens, config.kv_cache_dtype,
+                    config.tensor_parallel_size, config.enforce_eager, config.enable_prefix_caching, config.device)
         self.tokenizer = load_tokenizer(config.model)
         eos = set(config.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
@@ -115,13 +121,32 @@ class LLMEngine:
 
     def add_request(self, prompt: str | list[int], sampling_params: SamplingParams) -> Sequence:
         """Raises ValueError for a bad prompt before anything is queued."""
-        if getattr(self, "closed", False):
-            raise RuntimeError("this engine was shut down (shutdown() ended its workers); create a new LLM")
-        token_ids = self.tokenize(prompt)
-        self.validate(token_ids)
+        if sampling_params.n != 1:
+            raise ValueError(f"add_request queues one sequence (n=1), got n={sampling_params.n}; generate "
+                             f"runs n > 1")
+        return self._add_request_n(prompt, sampling_params)[0]
+
+    def _add_sequence(self, token_ids: list[int], sampling_params: SamplingParams) -> Sequence:
         seq = Sequence(token_ids, sampling_params)
+        if sampling_params.min_tokens:
+            seq.min_tokens_banned = sorted(set(sampling_params.stop_token_ids) |
+                                           (set() if sampling_params.ignore_eos else self.eos_token_ids))
+        if sampling_params.bad_words:
+            seq.bad_words_ids = self.bad_words_ids(sampling_params.bad_words)
         self.scheduler.add(seq)
         return seq
+
+    def bad_words_ids(self, words: list[str]) -> list[list[int]]:
+        """Each bad word as token ids, alone and after a space (as vLLM tokenizes them)."""
+        if self.tokenizer is None:
+            raise ValueError("bad_words needs a tokenizer; this model directory has none")
+        found = []
+        for word in words:
+            for text in (word, " " + word.lstrip()):
+                ids = self.tokenizer.encode(text, add_special_tokens=False)
+                if ids and ids not in found:
+                    found.append(ids)
+        return found
 
     # ---- steps ----------------------------------------------------------------------------------
     def step(self) -> tuple[list[Sequence], int, str]:
@@ -244,8 +269,8 @@ class LLMEngine:
         if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         sampling_params = self._params_per_prompt(sampling_params, len(prompts))
-        outputs: list[dict | None] = [None] * len(prompts)
-        index: dict[int, int] = {}
+        outputs: list[list | dict] = [[] for _ in prompts]     # per prompt: its completions, or an error dict
+        index: dict[int, tuple[int, int]] = {}                  # seq_id -> (prompt, completion)
         seqs: list[Sequence] = []
         texts: list[str | None] = [None] * len(prompts)
         ids = [f"rejected-{i}" for i in range(len(prompts))]
@@ -254,17 +279,34 @@ class LLMEngine:
                 try:
                     prompt = prompt_of(prompt)
                     texts[i] = prompt if isinstance(prompt, str) else None
-                    seqs.append(self.add_request(prompt, params))
-                    index[seqs[-1].seq_id], ids[i] = i, str(seqs[-1].seq_id)
+                    children = self._add_request_n(prompt, params)
                 except ValueError as e:
                     logger.warning("request %d rejected: %s", i, e)
                     outputs[i] = {"text": "", "token_ids": [], "prompt_token_ids": [], "finish_reason": "error",
                                   "error": str(e)}
+                    continue
+                seqs += children
+                outputs[i] = [None] * len(children)
+                index.update({seq.seq_id: (i, j) for j, seq in enumerate(children)})
+                ids[i] = str(children[0].seq_id)
             self._run_until_done(outputs, index, use_tqdm)
         except BaseException:
             self.abort(seqs)
             raise
         return [RequestOutput(out, ids[i], texts[i]) for i, out in enumerate(outputs)]
+
+    def _add_request_n(self, prompt, params: SamplingParams) -> list[Sequence]:
+        """The n sequences of one request (vLLM's parallel sampling): the same prompt, each its own
+        completion; with a seed, completion j draws from seed + j. Prefix caching lets them share the
+        prompt's full blocks."""
+        if getattr(self, "closed", False):
+            raise RuntimeError("this engine was shut down (shutdown() ended its workers); create a new LLM")
+        token_ids = self.tokenize(prompt)
+        self.validate(token_ids)
+        if params.n == 1:
+            return [self._add_sequence(token_ids, params)]
+        seeds = [None if params.seed is None else (params.seed + j) % 2**64 for j in range(params.n)]
+        return [self._add_sequence(token_ids, dataclasses.replace(params, n=1, seed=seed)) for seed in seeds]
 
     @staticmethod
     def _params_per_prompt(sampling_params, num_prompts: int) -> list[SamplingParams]:
@@ -293,12 +335,13 @@ class LLMEngine:
             self.pending = None
         self.scheduler.abort(seqs)
 
-    def _run_until_done(self, outputs: list, index: dict[int, int], use_tqdm: bool) -> None:
+    def _run_until_done(self, outputs: list, index: dict[int, tuple[int, int]], use_tqdm: bool) -> None:
         """Step until every request is done. The bar shows, as vLLM's does, the requests done and the
         finished requests' input and output tokens per second since the start (a steady rate); written
         to a file or a pipe it updates every 10 s, not every step."""
         tty = sys.stderr.isatty()
-        bar = tqdm(total=len(index), desc="Processed prompts", dynamic_ncols=True, disable=not use_tqdm,
+        left = {i: len(out) for i, out in enumerate(outputs) if isinstance(out, list)}   # completions to come
+        bar = tqdm(total=len(left), desc="Processed prompts", dynamic_ncols=True, disable=not use_tqdm,
                    mininterval=0.1 if tty else 10.0)
         start, done_in, done_out = time.perf_counter(), 0, 0
         while not self.scheduler.is_finished():
@@ -308,13 +351,17 @@ class LLMEngine:
             self.stats[f"{kind}_steps"] += 1
             self.stats[f"{kind}_tokens"] += num_tokens
             self.stats[f"{kind}_s"] += elapsed
+            done = 0
             for seq in finished:
-                outputs[index[seq.seq_id]] = self.output(seq)
+                i, j = index[seq.seq_id]
+                outputs[i][j] = self.output(seq)
                 done_in, done_out = done_in + seq.num_prompt_tokens, done_out + seq.num_completion_tokens
-            if finished and use_tqdm:
+                left[i] -= 1
+                done += left[i] == 0
+            if done and use_tqdm:
                 wall = max(time.perf_counter() - start, 1e-9)
                 bar.set_postfix_str(f"est. speed input: {done_in / wall:.2f} toks/s, "
                                     f"output: {done_out / wall:.2f} toks/s", refresh=False)
-                bar.update(len(finished))
+                bar.update(done)
         self._drain()   # a last step may still be in flight for sequences that had finished
         bar.close()

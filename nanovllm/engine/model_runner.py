@@ -10,6 +10,7 @@ from nanovllm.attention.backend import get_attention_backend
 from nanovllm.attention.metadata import AttentionMetadata, decode_order, shared_prefix, use_metadata
 from nanovllm.config import Config
 from nanovllm.engine.cuda_graph import DecodeGraphs, MixedGraphs
+from nanovllm.engine.logits_processors import needs_processing, process_logits
 from nanovllm.engine.logprobs import StepLogprobs, prompt_logprobs, sampled_dicts, sampled_logprobs
 from nanovllm.engine.pending import PendingStep
 from nanovllm.engine.sampling_inputs import SamplingInputs
@@ -277,7 +278,9 @@ class ModelRunner:
         if sample_rows:
             seqs = [batch.seqs[i] for i in sample_rows]
             logits = self.model.compute_logits(hidden_states)
-            sampled = self.sampler(logits, self.sampling_inputs.tensors(seqs))
+            # processors change what is sampled; logprobs stay the model's own (vLLM's raw_logprobs)
+            to_sample = process_logits(logits, seqs) if needs_processing(seqs) else logits
+            sampled = self.sampler(to_sample, self.sampling_inputs.tensors(seqs))
             wanted = sampled_logprobs(logits, sampled, batch.seqs, sample_rows)
             for row, token_id in zip(sample_rows, sampled.tolist()):
                 token_ids[row] = token_id
@@ -297,8 +300,9 @@ class ModelRunner:
         return self.mixed_graphs
 
     def can_launch_async(self, batch: ScheduledBatch) -> bool:
-        """Steps on CUDA graphs can be launched without waiting for the previous step's tokens."""
-        return self._graphs_for(batch) is not None
+        """Steps on CUDA graphs can be launched without waiting for the previous step's tokens, unless a
+        request's logits processors need them (penalties, bad words, min_tokens)."""
+        return self._graphs_for(batch) is not None and not needs_processing(batch.seqs)
 
     def launch(self, batch: ScheduledBatch, prev: PendingStep | None) -> PendingStep:
         """Enqueue a step on CUDA graphs (inputs, graph, logits, sampling, copy of the ids to the host); no wait.

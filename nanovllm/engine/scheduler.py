@@ -105,6 +105,7 @@ class Scheduler:
                 self.block_manager.allocate(seq)
             remaining = len(seq) - seq.num_computed_tokens
             num_new = min(remaining, budget)
+            self.block_manager.commit(seq, seq.num_computed_tokens + num_new)   # shareable within this step
             seqs.append(seq)
             counts.append(num_new)
             budget -= num_new
@@ -151,6 +152,7 @@ class Scheduler:
             if id(seq) in doomed:
                 seq.status = SequenceStatus.FINISHED
                 seq.finish_reason = "abort"
+                self.block_manager.forget_unwritten(seq)
                 self.block_manager.deallocate(seq)
         self.running = deque(s for s in self.running if id(s) not in doomed)
         self.waiting = deque(s for s in self.waiting if id(s) not in doomed)

@@ -36,6 +36,8 @@ class Sequence:
         self.finish_time: float | None = None
         self.logprobs: list[dict[int, float]] = []            # one per generated token, when asked
         self.prompt_logprobs: list[dict[int, float] | None] = [None] * len(token_ids)
+        self.min_tokens_banned: list[int] = []      # EOS and stop ids, banned until min_tokens are out
+        self.bad_words_ids: list[list[int]] = []    # bad_words as token ids (engine/logits_processors.py)
 
     def __getstate__(self) -> dict:
         """What a tensor-parallel worker needs: no generator, no logprobs collected on rank 0."""
