@@ -51,6 +51,8 @@ class SamplingParams:
         self.stop = list(self.stop or [])
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError(f"stop must be a list of non-empty strings, got {self.stop!r}")
+        if self.stop and not self.detokenize:
+            raise ValueError("stop strings are matched in the detokenized text: they need detokenize=True")
         self.stop_token_ids = list(self.stop_token_ids)
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
             raise ValueError(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")

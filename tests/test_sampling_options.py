@@ -1,6 +1,8 @@
 """SamplingParams' vLLM options against transformers' logits processors (same weights, greedy ids equal):
 repetition_penalty, bad_words, logit_bias, min_tokens; presence/frequency penalties against a plain
 greedy loop over transformers' logits; n > 1 (parallel samples sharing the prompt's blocks)."""
+import dataclasses
+
 import pytest
 import torch
 from tiny_models import make_tiny_model
@@ -126,3 +128,16 @@ def test_bad_options_say_what_is_allowed(kw, match):
 def test_an_unknown_option_lists_the_valid_ones():
     with pytest.raises(TypeError, match="valid ones are .*repetition_penalty"):
         SamplingParams(best_of=2)
+
+
+def test_detokenize_and_special_tokens(pair):
+    llm, _ = pair
+    eos_first = SamplingParams(temperature=0, max_tokens=3, logit_bias={EOS: 100.0}, ignore_eos=True)
+    kept = llm.generate(PROMPTS[0], dataclasses.replace(eos_first, skip_special_tokens=False), use_tqdm=False)[0]
+    skipped = llm.generate(PROMPTS[0], eos_first, use_tqdm=False)[0]
+    assert kept["token_ids"] == skipped["token_ids"] == [EOS] * 3
+    assert skipped["text"] == "" and kept["text"] == llm.tokenizer.decode([EOS] * 3) != ""
+    silent = llm.generate(PROMPTS[0], SamplingParams(temperature=0, max_tokens=4, detokenize=False), use_tqdm=False)
+    assert silent[0]["text"] == "" and len(silent[0]["token_ids"]) == 4
+    with pytest.raises(ValueError, match="detokenize"):
+        SamplingParams(stop=["x"], detokenize=False)

@@ -226,7 +226,7 @@ class LLMEngine:
         return None
 
     def _find_stop_string(self, seq: Sequence) -> bool:
-        text = self.detokenize(seq.completion_token_ids)
+        text = self.detokenize(seq.completion_token_ids, seq.sampling_params.skip_special_tokens)
         hits = [i for i in (text.find(s) for s in seq.sampling_params.stop) if i >= 0]
         if hits:
             seq.text = text[:min(hits)]
@@ -236,14 +236,16 @@ class LLMEngine:
         """The model's tokenizer (None for a bare config with dummy weights), as vLLM's LLM.get_tokenizer."""
         return self.tokenizer
 
-    def detokenize(self, token_ids: list[int]) -> str:
+    def detokenize(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         if self.tokenizer is None:
             return ""
-        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+        return self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
 
     def output(self, seq: Sequence) -> dict:
         text, params = getattr(seq, "text", None), seq.sampling_params
-        out = {"text": self.detokenize(seq.completion_token_ids) if text is None else text,
+        if text is None:
+            text = self.detokenize(seq.completion_token_ids, params.skip_special_tokens) if params.detokenize else ""
+        out = {"text": text,
                "token_ids": seq.completion_token_ids, "prompt_token_ids": seq.prompt_token_ids,
                "finish_reason": seq.finish_reason, "num_cached_tokens": seq.num_cached_tokens,
                "logprobs": None, "prompt_logprobs": None,

@@ -1,8 +1,11 @@
-"""Render README's results table from benchmark_results/ JSON: `python -m nanovllm.tools.render_results`.
+"""Render README's results table from benchmark_results/ JSON: `python -m nanovllm.tools.render_results
+[--charts]` (--charts also draws the PNGs of tools/charts.py).
 
 Figures are never typed by hand: each row is one JSON file written by bench.py (machine, command and date
 inside). The table replaces whatever stands between the two marker comments in README.md.
 """
+import argparse
+import os
 
 import torch
 
@@ -157,5 +160,21 @@ def render(readme: str = "README.md", root: str = "benchmark_results") -> None:
         f.write(f"{head}{START}\n{table}\n{END}{tail}")
 
 
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--readme", default="README.md")
+    parser.add_argument("--root", default="benchmark_results")
+    parser.add_argument("--charts", action="store_true", help="also draw the PNG charts under ROOT/charts/ "
+                        "(nanovllm/tools/charts.py; needs matplotlib)")
+    args = parser.parse_args()
+    if not os.path.isdir(args.root):
+        parser.error(f"--root {args.root!r} is not a folder of benchmark records")
+    render(args.readme, args.root)
+    if args.charts:
+        from nanovllm.tools.charts import render_charts
+        for path in render_charts(args.root):
+            print(f"wrote {path}")
+
+
 if __name__ == "__main__":
-    render()
+    main()
