@@ -1,7 +1,7 @@
 """AWQ against bf16 on the GPU, each in its own process: `python benchmarks/bench_awq_vs_bf16.py`.
 
 Runs bench_one.py for Qwen3-0.6B and Qwen3-8B shapes, bf16 and AWQ, and writes
-benchmark_results/quantization_int_4/awq_vs_bf16.json and a short report.md beside it with the ratios the
+results/quantization_int_4/awq_vs_bf16.json (or --out) and a short report.md beside it with the ratios the
 targets speak of (TPOT ratio at batch 1, throughput ratio at batch --num-seqs, weight memory ratio).
 """
 import argparse
@@ -11,8 +11,10 @@ import subprocess
 import sys
 from datetime import datetime, timezone
 
+from nanovllm.utils.results import results_path
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-OUT_DIR = os.path.join("benchmark_results", "quantization_int_4")
+OUT_DIR = results_path("quantization_int_4")   # untracked unless --out says otherwise
 
 
 def measure(model: str, weights: str, num_seqs: int) -> dict:

@@ -7,7 +7,7 @@ the pool. Every sequence has --context tokens, or with --context-min a length dr
 [context-min, context] (bench.py's decode batches hold 100 to 2,048); the kernel then runs in the engine's
 launch order (longest first), and the record also gives the time in batch order. Bytes counted = K and V
 values (and scales) of every context token, read once; the query and output are negligible. Prints one
-JSON line per dtype and writes them under benchmark_results/kv_int8_cache/.
+JSON line per dtype and writes them under --out-dir (default results/kv_int8_cache/, untracked).
 --sweep instead times each cache dtype over launch settings (keys per tile, warps, stages, register cap) and prints
 the fastest (every timing goes to decode-sweep-*.json); --write stores the winners as the general settings in
 nanovllm/attention/tuned/decode-<GPU>.json, which decode_attention reads on that GPU model. These timings
@@ -33,7 +33,7 @@ from nanovllm.attention.triton_decode import (
     tuned_settings_path,
 )
 from nanovllm.quant.kv import LayerKVCache, quantize_ref, quantized_cache
-from nanovllm.utils.results import save_record
+from nanovllm.utils.results import results_path, save_record
 from nanovllm.utils.tuned import read_tuned
 
 
@@ -46,6 +46,7 @@ def main():
     parser.add_argument("--kv-cache-dtype", nargs="+", default=["auto", "int8", "fp8"])
     parser.add_argument("--sweep", action="store_true")
     parser.add_argument("--write", action="store_true", help="with --sweep: store the winners for this GPU model")
+    parser.add_argument("--out-dir", default=results_path("kv_int8_cache"))
     args = parser.parse_args()
     heads, kv_heads, head_dim, bs = 16, 8, 128, args.block_size
     blocks_per_seq = args.context // bs
@@ -87,18 +88,18 @@ def main():
                         "command": "python " + " ".join(sys.argv),
                         "date": now()})
         print(json.dumps(records[-1]))
-    os.makedirs("benchmark_results/kv_int8_cache", exist_ok=True)
+    os.makedirs(args.out_dir, exist_ok=True)
     name = f"b{args.batch}-c{args.context}" + (f"-min{args.context_min}" if args.context_min is not None else "")
     if args.sweep:
         command = "python " + " ".join(sys.argv)
         if args.write:
             write_tuned(best, command)
-        with open(f"benchmark_results/kv_int8_cache/decode-sweep-{name}.json", "w") as f:
+        with open(os.path.join(args.out_dir, f"decode-sweep-{name}.json"), "w") as f:
             json.dump({"gpu": torch.cuda.get_device_name(), "command": command, "date": now(), "batch": args.batch,
                        "context": args.context, "context_min": args.context_min, "splits": splits,
                        "timings": records}, f, indent=2)
         return
-    with open(f"benchmark_results/kv_int8_cache/decode-attention-{name}.json", "w") as f:
+    with open(os.path.join(args.out_dir, f"decode-attention-{name}.json"), "w") as f:
         json.dump(records, f, indent=2)
 
 

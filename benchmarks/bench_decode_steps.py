@@ -17,7 +17,7 @@ setting with the engine's split factors, and the best variant per graph batch si
 nanovllm/attention/tuned/decode-<GPU>.json: each size's fastest over its steps (and over --long batches,
 so that long contexts at that size count too), when they save 1% of the run over the tuned ones or only
 move a threshold. --recompute chooses them again from a saved JSON.
-Qwen3-0.6B attention shape; writes benchmark_results/kv_int8_cache/decode-steps.json.
+Qwen3-0.6B attention shape; writes results/kv_int8_cache/decode-steps.json (untracked) or --out.
 """
 import argparse
 import json
@@ -45,7 +45,7 @@ from nanovllm.attention.triton_decode import (  # noqa: E402
 )
 from nanovllm.engine.cuda_graph import graph_batch_sizes  # noqa: E402
 from nanovllm.quant.kv import LayerKVCache  # noqa: E402
-from nanovllm.utils.results import save_record  # noqa: E402
+from nanovllm.utils.results import results_path, save_record  # noqa: E402
 from nanovllm.utils.tuned import num_sms as sm_count  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE, LAYERS = 16, 8, 128, 256, 28
@@ -239,7 +239,7 @@ def main():
     parser.add_argument("--splits", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--settings", nargs="*", default=[],
                         help="launch settings block_n/num_warps/num_stages to time besides the tuned ones")
-    parser.add_argument("--out", default="benchmark_results/kv_int8_cache/decode-steps.json")
+    parser.add_argument("--out", default=results_path("kv_int8_cache", "decode-steps.json"))
     parser.add_argument("--long", nargs="*", default=[], metavar="BATCHxCONTEXT",
                         help="uniform long-context batches (e.g. 64x8192) weighed like one sampled step each "
                              "when tiers are chosen (not in the run totals)")

@@ -4,7 +4,7 @@ Hopper wgmma kernel (quant/gluon_awq_mma.py), dequantize + cuBLAS, and bf16 cuBL
 `python benchmarks/bench_gemm.py` times the linear layers of Qwen3-8B and Qwen3-0.6B at M = 1..4096 tokens
 (GPU time: CUDA events around a CUDA graph that calls the method once on each of several copies of the
 layer, so that the weights come from memory, not the L2 cache, and CPU launch costs stay out, as in the
-model) and writes benchmark_results/quantization_int_4/awq_gemm.json. --sweep-gemv first times the GEMV
+model) and writes results/quantization_int_4/awq_gemm.json (untracked) or --out. --sweep-gemv first times the GEMV
 kernel's settings (columns per program, split-K, warps) per shape and token count and keeps the fastest;
 at one token, where the Gluon GEMV (quant/gluon_awq_gemv.py) is what "gemv" runs, also its split-K, and the
 Triton kernel's time is kept beside it as `triton_gemv_us`.
@@ -39,7 +39,7 @@ from nanovllm.quant.triton_awq import (  # noqa: E402
     tuned_methods_path,
 )
 from nanovllm.quant.triton_awq_gemv import awq_gemv  # noqa: E402
-from nanovllm.utils.results import save_record  # noqa: E402
+from nanovllm.utils.results import results_path, save_record  # noqa: E402
 
 TIMING_KEYS = {"fused": "fused_us", "gemv": "gemv_us", "mma": "mma_us", "mma256": "mma256_us",
                "dequant": "dequant_matmul_us"}
@@ -148,7 +148,7 @@ def main():
     parser.add_argument("--tokens", type=int, nargs="+", default=[1, 2, 4, 8, 16, 64, 128, 192, 256, 1024, 4096])
     parser.add_argument("--models", nargs="+", default=["8B", "0.6B"], choices=list(SHAPES))
     parser.add_argument("--sweep-gemv", action="store_true", help="time the GEMV kernel's settings first")
-    parser.add_argument("--out", default="benchmark_results/quantization_int_4/awq_gemm.json")
+    parser.add_argument("--out", default=results_path("quantization_int_4", "awq_gemm.json"))
     parser.add_argument("--write", action="store_true", help="store the fastest method per token count")
     parser.add_argument("--from", dest="saved", nargs="+", default=None,
                         help="saved awq_gemm.json files (e.g. one per model) to merge and derive the table from")

@@ -8,7 +8,7 @@ left out, as the engine overlaps it with the GPU):
   - "gumbel": the noise-per-logit way the sampler used before, for comparison: E ~ Exp(1) for every
     logit, then one compiled kernel takes argmax(logits / T - log E).
   - "argmax": greedy decoding's torch.argmax, one read of the logits and nothing else.
-Writes benchmark_results/sampler/sampler.json.
+Writes results/sampler/sampler.json (untracked), or the path given as its one argument.
 """
 import sys
 from datetime import datetime, timezone
@@ -17,7 +17,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from nanovllm.layers.sampler import Sampler, SamplingTensors
-from nanovllm.utils.results import save_record
+from nanovllm.utils.results import results_path, save_record
 
 VOCAB, TEMPERATURE, CALLS = 151936, 0.6, 20
 
@@ -56,7 +56,7 @@ def main():
     save_record({"vocab": VOCAB, "dtype": "bfloat16", "temperature": TEMPERATURE, "kernel_us_per_call": rows_timed,
                  "gpu": torch.cuda.get_device_name(), "command": "python " + " ".join(sys.argv),
                  "date": datetime.now(timezone.utc).isoformat(timespec="seconds")},
-                "benchmark_results/sampler/sampler.json")
+                sys.argv[1] if len(sys.argv) > 1 else results_path("sampler", "sampler.json"))
 
 
 if __name__ == "__main__":

@@ -7,9 +7,11 @@ a prefill of 64 prompts of 250 tokens, each in its own fresh block, and a decode
 scattered blocks. The prefill is timed twice: by aligned windows of each prompt (`store_prompt_kv`, what the
 engine runs) and with one program per token (`store_kv`, the decode kernel). Timed inside a CUDA graph, as
 the engine's decode steps run. K and V arrive as views of a fused qkv output, as in the model.
-Prints one JSON line per case and writes them to benchmark_results/kv_int8_cache/store.json.
+Prints one JSON line per case and writes them to results/kv_int8_cache/store.json (untracked), or to the
+path given as its one argument.
 """
 import json
+import os
 import sys
 from datetime import datetime, timezone
 
@@ -19,6 +21,7 @@ from triton.testing import do_bench_cudagraph
 from nanovllm.attention.metadata import AttentionMetadata
 from nanovllm.attention.triton_store import store_kv, store_prompt_kv
 from nanovllm.quant.kv import allocate
+from nanovllm.utils.results import results_path
 
 NUM_KV_HEADS, HEAD_DIM, NUM_HEADS, BLOCK_SIZE, NUM_BLOCKS = 8, 128, 16, 256, 4096
 STEPS = {"prefill 64 x 250": [250] * 64, "decode 256": [1] * 256}
@@ -58,7 +61,9 @@ def main():
                                 "command": "python " + " ".join(sys.argv),
                                 "date": datetime.now(timezone.utc).isoformat(timespec="seconds")})
                 print(json.dumps(records[-1]))
-    with open("benchmark_results/kv_int8_cache/store.json", "w") as f:
+    out = sys.argv[1] if len(sys.argv) > 1 else results_path("kv_int8_cache", "store.json")
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+    with open(out, "w") as f:
         json.dump(records, f, indent=2)
 
 

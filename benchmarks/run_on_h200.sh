@@ -27,6 +27,7 @@ export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1
 # $OUT/results.tgz after every mode, so a call cut off by its time limit still returns the finished modes.
 ARCHIVE_DIR=${OUT:-/tmp/nanovllm-gpu}
 OUT=$(mktemp -d)
+export NANOVLLM_RESULTS="$OUT"   # the scripts' default records (results/...) land in the archive
 mkdir -p "$ARCHIVE_DIR"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
 for mode in "${@:-checks}"; do
@@ -41,7 +42,6 @@ case "$mode" in
   quick)
     timeout 60 python benchmarks/bench_decode_attention.py --batch 256 --context 2048 --context-min 100 \
       2>&1 | tail -3
-    cp benchmark_results/kv_int8_cache/decode-attention-b256-c2048-min100.json "$OUT/" 2>/dev/null
     timeout 85 python bench.py --out "$OUT/bench-auto.json" 2>&1 | tail -1
     ;;
   tune)     # bench.py's decode steps timed in CUDA graphs per setting and split factor (~2 min for 3 dtypes)
@@ -69,12 +69,9 @@ case "$mode" in
     timeout 40 python benchmarks/bench_decode_attention.py --batch 256 --context 2048 --context-min 100 \
       2>&1 | tail -3
     timeout 90 python benchmarks/bench_decode_steps.py 2>&1 | grep -v '"step"' | cut -c1-300
-    cp benchmark_results/kv_int8_cache/decode-attention-*.json benchmark_results/kv_int8_cache/decode-steps.json \
-      "$OUT/" 2>/dev/null
     ;;
   store)
     timeout 60 python benchmarks/bench_store.py 2>&1 | tail -7 | cut -c1-160
-    cp benchmark_results/kv_int8_cache/store.json "$OUT/" 2>/dev/null
     ;;
   awq)      # ~3 min: AWQ kernel tests at real sizes, the fastest method per shape and token count -> quant/tuned/
     timeout 150 python -m pytest -q -p no:cacheprovider tests/awq 2>&1 | tee "$OUT/awq_tests.log" | tail -3
@@ -93,7 +90,6 @@ case "$mode" in
     ;;
   awq-e2e)  # ~5 min: both models' TPOT at batch 1 and batch-256 throughput (follows quant/tuned/), profile
     timeout 290 python benchmarks/bench_awq_vs_bf16.py --models Qwen3-0.6B Qwen3-8B 2>&1 | tail -4
-    cp benchmark_results/quantization_int_4/awq_vs_bf16.json benchmark_results/quantization_int_4/report.md "$OUT/"
     timeout 120 python -m nanovllm.tools.decode_profile --bench-workload \
       --out "$OUT/decode-bench-workload.json" 2>&1 | tail -3
     ;;
