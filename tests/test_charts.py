@@ -7,7 +7,8 @@ pytest.importorskip("matplotlib")
 def test_charts_render_from_the_records(tmp_path):
     import shutil
 
-    from nanovllm.tools.charts import copy_rates, latest_bench, render_charts
+    from nanovllm.tools.charts import copy_rates, render_charts
+    from nanovllm.tools.render_results import latest_bench
     root = tmp_path / "benchmark_results"
     shutil.copytree("benchmark_results", root, ignore=shutil.ignore_patterns("*.png"))
     paths = render_charts(str(root))

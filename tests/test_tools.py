@@ -42,15 +42,24 @@ def test_bench_sharegpt_compares_configs(tmp_path):
 
 
 def test_readme_tables_come_from_the_json(tmp_path):
+    """README gets the newest figure per GPU, workload and KV dtype; benchmark_results/README.md every row
+    with its file (rendered here into a copy of the folder: a test never writes into the tree)."""
+    import shutil
+
     from nanovllm.tools.render_results import END, START, render
+    root = tmp_path / "benchmark_results"
+    shutil.copytree(os.path.join(ROOT, "benchmark_results"), root, ignore=shutil.ignore_patterns("*.png"))
+    (root / "README.md").unlink(missing_ok=True)
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{START}\nstale\n{END}\noutro\n")
-    render(str(readme), os.path.join(ROOT, "benchmark_results"))
+    render(str(readme), str(root))
     text = readme.read_text()
     assert "stale" not in text and text.startswith("intro") and text.endswith("outro\n")
-    with open(os.path.join(ROOT, "benchmark_results", "bench", "nanovllm-Qwen3-0.6B-auto-tp1.json")) as f:
+    with open(root / "bench" / "nanovllm-Qwen3-0.6B-auto-tp1.json") as f:
         record = json.load(f)
-    assert f"{record['tokens_per_s']:,.0f}" in text
+    assert f"| NVIDIA H200 | random | auto | {record['tokens_per_s']:,.0f} |" in text
+    full = (root / "README.md").read_text()
+    assert "bench/hf-Qwen3-0.6B-auto-tp1.json`" in full and "| hf | random |" in full
 
 
 def test_bench_runs_and_records_the_floor(tmp_path):

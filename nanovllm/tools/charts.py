@@ -8,6 +8,7 @@
 """
 import os
 
+from nanovllm.tools.render_results import latest_bench
 from nanovllm.utils.results import load_records
 
 WORKLOAD_ORDER = ("random", "short", "long", "prefix", "sharegpt")
@@ -22,19 +23,6 @@ def _pyplot():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt
-
-
-def latest_bench(root: str) -> dict[str, dict[tuple[str, str], dict]]:
-    """GPU -> (workload, KV dtype) -> the newest nanovllm record with default engine settings."""
-    table: dict[str, dict[tuple[str, str], dict]] = {}
-    for _, r in load_records(root, "bench/*.json"):
-        if r.get("engine") != "nanovllm" or r.get("settings", {}).get("max_num_seqs"):
-            continue
-        key = (r.get("workload", "random"), r["settings"].get("kv_cache_dtype", "auto"))
-        slot = table.setdefault(r["gpu"], {})
-        if key not in slot or r["date"] > slot[key]["date"]:
-            slot[key] = r
-    return table
 
 
 def throughput_chart(root: str, out: str) -> None:

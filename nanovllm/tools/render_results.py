@@ -146,18 +146,53 @@ def quality_rows(root: str) -> list[str]:
     return rows if len(rows) > 2 else []
 
 
-def render(readme: str = "README.md", root: str = "benchmark_results") -> None:
-    with open(readme) as f:
+def latest_bench(root: str) -> dict[str, dict[tuple[str, str], dict]]:
+    """GPU -> (workload, KV dtype) -> the newest nanovllm record with default engine settings."""
+    table: dict[str, dict[tuple[str, str], dict]] = {}
+    for _, r in load_records(root, "bench/*.json"):
+        if r.get("engine") != "nanovllm" or r.get("settings", {}).get("max_num_seqs"):
+            continue
+        key = (r.get("workload", "random"), r["settings"].get("kv_cache_dtype", "auto"))
+        slot = table.setdefault(r["gpu"], {})
+        if key not in slot or r["date"] > slot[key]["date"]:
+            slot[key] = r
+    return table
+
+
+def headline_rows(root: str) -> list[str]:
+    """README's table: the newest throughput per GPU, workload and KV dtype."""
+    rows = ["| GPU | workload | KV cache | tokens/s | x floor | date |", "|---|---|---|---|---|---|"]
+    order = ("random", "short", "long", "prefix", "sharegpt")
+    for gpu, records in sorted(latest_bench(root).items()):
+        for (workload, kind), r in sorted(records.items(), key=lambda kv: (order.index(kv[0][0]), kv[0][1])):
+            ratio = r.get("seconds_over_floor")
+            rows.append(f"| {gpu} | {workload} | {kind} | {r['tokens_per_s']:,.0f} | {ratio or '-'} | "
+                        f"{r['date'][:10]} |")
+    return rows
+
+
+def replace_between_markers(path: str, table: str) -> None:
+    with open(path) as f:
         text = f.read()
     if START not in text or END not in text:
-        raise ValueError(f"{readme} lacks the markers {START} and {END}")
+        raise ValueError(f"{path} lacks the markers {START} and {END}")
     head, rest = text.split(START, 1)
     _, tail = rest.split(END, 1)
+    with open(path, "w") as f:
+        f.write(f"{head}{START}\n{table}\n{END}{tail}")
+
+
+def render(readme: str = "README.md", root: str = "benchmark_results") -> None:
+    """README gets the headline table; root/README.md every table, each row naming its file."""
     parts = [bench_rows(root), profile_rows(root), sampler_rows(root), decode_attention_rows(root), quality_rows(root),
              awq_rows(root), awq_layer_rows(root), awq_batch_rows(root), sharegpt_rows(root)]
-    table = "\n\n".join("\n".join(rows) for rows in parts if rows)
-    with open(readme, "w") as f:
-        f.write(f"{head}{START}\n{table}\n{END}{tail}")
+    full = os.path.join(root, "README.md")
+    if not os.path.exists(full):
+        with open(full, "w") as f:
+            f.write(f"# Benchmark results\n\nRendered by `python -m nanovllm.tools.render_results` from the JSON "
+                    f"files in this folder (machine, command and date inside each).\n\n{START}\n{END}\n")
+    replace_between_markers(full, "\n\n".join("\n".join(rows) for rows in parts if rows))
+    replace_between_markers(readme, "\n".join(headline_rows(root)))
 
 
 def main():
