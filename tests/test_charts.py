@@ -8,7 +8,7 @@ def test_charts_render_from_the_records(tmp_path):
     import shutil
 
     from nanovllm.tools.charts import copy_rates, render_charts
-    from nanovllm.tools.render_results import latest_bench
+    from nanovllm.utils.results import latest_bench
     root = tmp_path / "benchmark_results"
     shutil.copytree("benchmark_results", root, ignore=shutil.ignore_patterns("*.png"))
     paths = render_charts(str(root))

@@ -16,6 +16,7 @@ import torch
 
 from nanovllm.attention.metadata import AttentionMetadata, decode_order, shared_prefix, use_metadata
 from nanovllm.engine.sequence import PLACEHOLDER, Sequence
+from nanovllm.utils.pinned import PinnedDoubleBuffer
 
 
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:
@@ -33,11 +34,9 @@ class DecodeGraphs:
         self.sizes = graph_batch_sizes(n)
         # staging: [input_ids | positions | slot_mapping | source row] int64,
         # [context_lens | decode order | cascade plan (2 + n) | block_tables] int32
-        self.hosts = [(torch.zeros(4 * n, dtype=torch.int64, pin_memory=True),
-                       torch.zeros(n * (3 + max_blocks) + 2, dtype=torch.int32, pin_memory=True)) for _ in range(2)]
-        self.turn = 0
+        self.staging = PinnedDoubleBuffer([(4 * n, torch.int64), (n * (3 + max_blocks) + 2, torch.int32)], "cuda")
         self.max_blocks = max_blocks
-        self.dev64, self.dev32 = self.hosts[0][0].cuda(), self.hosts[0][1].cuda()
+        self.dev64, self.dev32 = self.staging.devices
         self.input_ids, self.positions, self.slots, self.src_rows = self.dev64.view(4, n)
         self.context_lens, self.order = self.dev32[:n], self.dev32[n:2 * n]
         self.shared = self.dev32[2 * n:3 * n + 2]
@@ -83,8 +82,7 @@ class DecodeGraphs:
         bs = len(seqs)
         graph_bs = next(s for s in self.sizes if s >= bs)
         n, block_size = len(self.input_ids), self.block_size
-        host64, host32 = self.hosts[self.turn]
-        self.turn ^= 1
+        host64, host32 = self.staging.next_host()
         ids, pos, slots, src = host64.numpy().reshape(4, n)
         ctx, order = host32.numpy()[:n], host32.numpy()[n:2 * n]
         tables = host32.numpy()[3 * n + 2:].reshape(n, self.max_blocks)
@@ -106,9 +104,7 @@ class DecodeGraphs:
             plan = host32.numpy()[2 * n:3 * n + 2]
             plan[:2 + bs] = shared_prefix([seq.block_table for seq in seqs], ctx[:bs].tolist(), block_size)
             plan[2 + bs:2 + graph_bs] = 0
-        self.dev64.copy_(host64, non_blocking=True)
-        width = 3 * n + 2 + graph_bs * self.max_blocks
-        self.dev32[:width].copy_(host32[:width], non_blocking=True)
+        self.staging.upload([host64, host32], [None, 3 * n + 2 + graph_bs * self.max_blocks])
         if gather:
             src_rows = self.src_rows[:bs]
             self.input_ids[:bs] = torch.where(src_rows >= 0, prev.token_ids[src_rows.clamp(min=0)],
@@ -146,10 +142,8 @@ class MixedGraphs:
         # staging: [input_ids | positions | slot_mapping | source row] x t, sampled token index x s: int64;
         # [context_lens s | cu_seqlens_q s + 1 | tile map 2 * tiles | block_tables s * max_blocks]: int32
         self.len64, self.len32 = 4 * t + s, 2 * s + 1 + 2 * tiles + s * self.max_blocks
-        self.hosts = [(torch.zeros(self.len64, dtype=torch.int64, pin_memory=True),
-                       torch.zeros(self.len32, dtype=torch.int32, pin_memory=True)) for _ in range(2)]
-        self.turn = 0
-        self.dev64, self.dev32 = self.hosts[0][0].cuda(), self.hosts[0][1].cuda()
+        self.staging = PinnedDoubleBuffer([(self.len64, torch.int64), (self.len32, torch.int32)], "cuda")
+        self.dev64, self.dev32 = self.staging.devices
         self.input_ids, self.positions, self.slots, self.src_rows = self.dev64[:4 * t].view(4, t)
         self.last_tokens = self.dev64[4 * t:]
         self.context_lens, self.cu_seqlens_q = self.dev32[:s], self.dev32[s:2 * s + 1]
@@ -191,8 +185,7 @@ class MixedGraphs:
         num_tokens, num_seqs = batch.num_tokens, len(batch.seqs)
         n = next(s for s in self.sizes if s >= num_tokens)
         t, s, bs = self.max_tokens, self.max_seqs, self.block_size
-        host64, host32 = self.hosts[self.turn]
-        self.turn ^= 1
+        host64, host32 = self.staging.next_host()
         h64, h32 = host64.numpy(), host32.numpy()
         ids, pos, slots, src = h64[:4 * t].reshape(4, t)
         last = h64[4 * t:]
@@ -230,8 +223,7 @@ class MixedGraphs:
         tiles[:2 * cap] = self.flat_tiles(batch.num_new_tokens, cap).reshape(-1)
         rows = batch.sample_rows
         last[:len(rows)] = [cu[r + 1] - 1 for r in rows]
-        self.dev64.copy_(host64, non_blocking=True)
-        self.dev32.copy_(host32, non_blocking=True)
+        self.staging.upload([host64, host32])
         if gather:
             src_rows = self.src_rows[:num_tokens]
             self.input_ids[:num_tokens] = torch.where(src_rows >= 0, prev.token_ids[src_rows.clamp(min=0)],

@@ -25,6 +25,7 @@ from nanovllm.quant.awq_method import read_awq_config
 from nanovllm.utils.compile import set_compile_enabled
 from nanovllm.utils.distributed import get_tp_rank
 from nanovllm.utils.loader import load_dummy, load_model, process_weights_after_loading
+from nanovllm.utils.pinned import PinnedDoubleBuffer
 
 logger = logging.getLogger(__name__)
 
@@ -70,11 +71,9 @@ class ModelRunner:
             self.graphs = DecodeGraphs(self.model, self.backend, config, hf.hidden_size, layer.num_kv_heads)
             if self.backend.supports_mixed_graphs:
                 self.mixed_graphs = MixedGraphs(self.model, config, hf.hidden_size, pool=self.graphs.pool)
-            # two of each, alternating: step N's are written while step N-1's may still be in use
-            self._token_hosts = [torch.zeros(config.max_num_seqs, dtype=torch.int64, pin_memory=True)
-                                 for _ in range(2)]
+            # sampled ids come back through two pinned buffers in turn, each with the event of its copy
+            self._token_hosts = PinnedDoubleBuffer([(config.max_num_seqs, torch.int64)])
             self._events = [torch.cuda.Event(), torch.cuda.Event()]
-            self._flip = 0
         if self.device.type == "cuda" and not config.enforce_eager:
             self._warm_up_sampler()
         logger.info("KV cache (%s): %d blocks of %d tokens = %d tokens", config.kv_cache_dtype,
@@ -325,10 +324,9 @@ class ModelRunner:
             wanted = sampled_logprobs(logits, token_ids, batch.seqs, sample_rows)
         else:   # only chunks that end mid-prompt: nothing to sample
             token_ids = torch.zeros(0, dtype=torch.int64, device=self.device)
-        host = self._token_hosts[self._flip][:len(seqs)]
+        done = self._events[self._token_hosts.turn]
+        host = self._token_hosts.next_host()[0][:len(seqs)]
         host.copy_(token_ids, non_blocking=True)
-        done = self._events[self._flip]
         done.record()
-        self._flip ^= 1
         rows = {seq.seq_id: i for i, seq in enumerate(seqs)}
         return PendingStep(batch, token_ids, rows, host, done, wanted)

@@ -1,13 +1,13 @@
 """Per-row sampling settings on the device, built once per batch composition.
 
 Consecutive decode steps of the same sequences reuse the tensors. On CUDA the values go through pinned
-staging buffers (two, used in turn) with an asynchronous copy: a copy from pageable memory would wait for
-the GPU and stall the overlapped decode pipeline.
+staging buffers (utils/pinned.py) with an asynchronous copy.
 """
 import torch
 
 from nanovllm.engine.sequence import Sequence
 from nanovllm.layers.sampler import SamplingTensors
+from nanovllm.utils.pinned import PinnedDoubleBuffer
 
 
 class SamplingInputs:
@@ -17,9 +17,8 @@ class SamplingInputs:
         self.device, self.vocab_size = device, vocab_size
         self.key, self.cached = None, None
         if device.type == "cuda":
-            self.hosts = [torch.zeros(4, max_num_seqs, pin_memory=True) for _ in range(2)]
-            self.on_device = torch.zeros(4, max_num_seqs, device=device)
-            self.turn = 0
+            self.staging = PinnedDoubleBuffer([(4 * max_num_seqs, torch.float32)], device)
+            self.max_num_seqs = max_num_seqs
 
     def tensors(self, seqs: list[Sequence]) -> SamplingTensors:
         key = tuple(seq.seq_id for seq in seqs)
@@ -36,12 +35,11 @@ class SamplingInputs:
         values = torch.tensor([[p.temperature for p in params],
                                [p.top_k if p.top_k > 0 else self.vocab_size for p in params],
                                [p.top_p for p in params], [p.min_p for p in params]], dtype=torch.float32)
-        if self.device.type == "cuda":
-            staging = self.hosts[self.turn][:, :n]
-            self.turn ^= 1
-            staging.copy_(values)
-            values = self.on_device[:, :n]
-            values.copy_(staging, non_blocking=True)
+        if self.device.type == "cuda":   # [4, max_num_seqs] views of the staging buffers, rows filled to n
+            (host,) = self.staging.next_host()
+            host.view(4, self.max_num_seqs)[:, :n].copy_(values)
+            self.staging.upload([host])
+            values = self.staging.devices[0].view(4, self.max_num_seqs)[:, :n]
         temperatures, top_ks, top_ps, min_ps = values
         return SamplingTensors(
             temperatures=temperatures, top_ks=top_ks, top_ps=top_ps, min_ps=min_ps,

@@ -8,8 +8,7 @@
 """
 import os
 
-from nanovllm.tools.render_results import latest_bench
-from nanovllm.utils.results import load_records
+from nanovllm.utils.results import latest_bench, load_records
 
 WORKLOAD_ORDER = ("random", "short", "long", "prefix", "sharegpt")
 KV_COLORS = {"auto": "#4c72b0", "int8": "#dd8452", "fp8": "#55a868"}

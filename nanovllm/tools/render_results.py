@@ -10,7 +10,7 @@ import os
 import torch
 
 from nanovllm.quant import kv as kv_quant
-from nanovllm.utils.results import load_records
+from nanovllm.utils.results import latest_bench, load_records
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 KV_BYTES_BENCH = 13.85e12   # KV cache bytes the bench workload's decode reads (Qwen3-0.6B, bf16), see docs
@@ -144,19 +144,6 @@ def quality_rows(root: str) -> list[str]:
                     f"{r['teacher_forced_top1_agreement']:.4f} | {r['teacher_forced_mean_kl']:.1e} | "
                     f"{r['kv_capacity_ratio']:.2f} | `{path}` |")
     return rows if len(rows) > 2 else []
-
-
-def latest_bench(root: str) -> dict[str, dict[tuple[str, str], dict]]:
-    """GPU -> (workload, KV dtype) -> the newest nanovllm record with default engine settings."""
-    table: dict[str, dict[tuple[str, str], dict]] = {}
-    for _, r in load_records(root, "bench/*.json"):
-        if r.get("engine") != "nanovllm" or r.get("settings", {}).get("max_num_seqs"):
-            continue
-        key = (r.get("workload", "random"), r["settings"].get("kv_cache_dtype", "auto"))
-        slot = table.setdefault(r["gpu"], {})
-        if key not in slot or r["date"] > slot[key]["date"]:
-            slot[key] = r
-    return table
 
 
 def headline_rows(root: str) -> list[str]:

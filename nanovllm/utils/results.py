@@ -25,3 +25,16 @@ def load_records(root: str, pattern: str) -> list[tuple[str, dict]]:
         with open(path) as f:
             records.append((os.path.relpath(path, os.path.dirname(root)), json.load(f)))
     return records
+
+
+def latest_bench(root: str) -> dict[str, dict[tuple[str, str], dict]]:
+    """GPU -> (workload, KV dtype) -> the newest nanovllm record with default engine settings."""
+    table: dict[str, dict[tuple[str, str], dict]] = {}
+    for _, r in load_records(root, "bench/*.json"):
+        if r.get("engine") != "nanovllm" or r.get("settings", {}).get("max_num_seqs"):
+            continue
+        key = (r.get("workload", "random"), r["settings"].get("kv_cache_dtype", "auto"))
+        slot = table.setdefault(r["gpu"], {})
+        if key not in slot or r["date"] > slot[key]["date"]:
+            slot[key] = r
+    return table
