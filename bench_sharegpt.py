@@ -125,6 +125,11 @@ def main():
     parser.add_argument("--out", default=None)
     parser.add_argument("--run-one", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.num_prompts < 1 or args.max_model_len < 16:
+        parser.error(f"--num-prompts must be >= 1 and --max-model-len >= 16, got {args.num_prompts} and "
+                     f"{args.max_model_len}")
+    if not os.path.isfile(args.dataset):
+        parser.error(f"--dataset {args.dataset!r} is not a file (a ShareGPT-format JSON list)")
     if args.model is None:
         args.model, args.load_format = shipped_config_dir("Qwen3-0.6B"), args.load_format or "dummy"
     args.load_format = args.load_format or "auto"

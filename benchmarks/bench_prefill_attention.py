@@ -89,6 +89,12 @@ def main():
     parser.add_argument("--steps", nargs="+", default=list(STEPS), choices=list(STEPS))
     parser.add_argument("--out", default=results_path("prefill-attention.json"))
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        parser.error("this benchmark times GPU kernels: it needs a CUDA device")
+    try:
+        settings = {s: parse_settings(s) for s in args.settings}
+    except ValueError:
+        parser.error(f"--settings takes 'default' or BLOCK_M/BLOCK_N/WARPS/STAGES, e.g. 64/64/4/2; got {args.settings}")
     rows = []
     for kind in args.kv_cache_dtype:
         for name in args.steps:
@@ -96,7 +102,7 @@ def main():
             q, cache, meta = make_step(query_lens, context_lens, kind)
             runs = {s: (lambda s=s: prefill_attention(q, cache, meta.block_tables, meta.context_lens,
                                                       meta.cu_seqlens_q, meta.max_seqlen_q, HEAD_DIM ** -0.5,
-                                                      settings=parse_settings(s)))
+                                                      settings=settings[s]))
                     for s in args.settings}
             if meta.num_decodes:
                 backend, whole = TritonBackend(), dataclasses.replace(meta, num_decodes=0)

@@ -95,8 +95,11 @@ def main():
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     model = with_awq_config(args.model) if args.awq else args.model
-    llm = LLM(model, load_format="dummy", max_num_seqs=args.num_seqs, enforce_eager=args.enforce_eager,
-              kv_cache_dtype=args.kv_cache_dtype)
+    try:
+        llm = LLM(model, load_format="dummy", max_num_seqs=args.num_seqs, enforce_eager=args.enforce_eager,
+                  kv_cache_dtype=args.kv_cache_dtype)
+    except ValueError as e:
+        parser.error(str(e))
     for prompt, max_tokens in requests(args):
         llm.add_request(prompt, SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=max_tokens))
     while llm.scheduler.waiting:

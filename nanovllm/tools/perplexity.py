@@ -65,6 +65,15 @@ def main():
     args = parser.parse_args()
     if args.max_len < 2:
         parser.error(f"--max-len must be >= 2, got {args.max_len}")
+    if not os.path.isfile(args.text):
+        parser.error(f"--text {args.text!r} is not a file")
+    try:
+        run(args)
+    except ValueError as e:     # a bad model directory or setting: a usage error, not a traceback
+        parser.error(str(e))
+
+
+def run(args) -> None:
     llm = LLM(args.model, kv_cache_dtype=args.kv_cache_dtype, max_model_len=args.max_len + 1, device=args.device,
               load_format=args.load_format)
     if args.max_len >= llm.config.max_model_len:     # the model's positions end before --max-len
