@@ -3,14 +3,13 @@ import dataclasses
 import logging
 import operator
 import os
-import sys
 import time
 
-from tqdm.auto import tqdm
 from transformers import AutoTokenizer
 
 from nanovllm.config import Config
 from nanovllm.engine.model_runner import ModelRunner
+from nanovllm.engine.request_stream import stream_outputs
 from nanovllm.engine.scheduler import Scheduler
 from nanovllm.engine.sequence import PLACEHOLDER, Sequence
 from nanovllm.outputs import RequestOutput
@@ -34,19 +33,6 @@ def load_tokenizer(model_dir: str):
         logger.warning("%s has no tokenizer: prompts must be token ids and outputs carry no text", model_dir)
         return None
     return AutoTokenizer.from_pretrained(model_dir)
-
-
-def prompt_of(prompt):
-    """The text or token ids of a prompt given as vLLM takes it ({"prompt": ...} or {"prompt_token_ids": ...}
-    dicts included); ValueError for a dict without either."""
-    if not isinstance(prompt, dict):
-        return prompt
-    if "prompt_token_ids" in prompt:
-        return prompt["prompt_token_ids"]
-    if "prompt" in prompt:
-        return prompt["prompt"]
-    raise ValueError(f"a prompt dict needs 'prompt' (a string) or 'prompt_token_ids' (a list of ids); got keys "
-                     f"{sorted(prompt)}")
 
 
 class LLMEngine:
@@ -271,31 +257,18 @@ class LLMEngine:
         if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         sampling_params = self._params_per_prompt(sampling_params, len(prompts))
-        outputs: list[list | dict] = [[] for _ in prompts]     # per prompt: its completions, or an error dict
-        index: dict[int, tuple[int, int]] = {}                  # seq_id -> (prompt, completion)
-        seqs: list[Sequence] = []
-        texts: list[str | None] = [None] * len(prompts)
-        ids = [f"rejected-{i}" for i in range(len(prompts))]
-        try:
-            for i, (prompt, params) in enumerate(zip(prompts, sampling_params)):
-                try:
-                    prompt = prompt_of(prompt)
-                    texts[i] = prompt if isinstance(prompt, str) else None
-                    children = self._add_request_n(prompt, params)
-                except ValueError as e:
-                    logger.warning("request %d rejected: %s", i, e)
-                    outputs[i] = {"text": "", "token_ids": [], "prompt_token_ids": [], "finish_reason": "error",
-                                  "error": str(e)}
-                    continue
-                seqs += children
-                outputs[i] = [None] * len(children)
-                index.update({seq.seq_id: (i, j) for j, seq in enumerate(children)})
-                ids[i] = str(children[0].seq_id)
-            self._run_until_done(outputs, index, use_tqdm)
-        except BaseException:
-            self.abort(seqs)
-            raise
-        return [RequestOutput(out, ids[i], texts[i]) for i, out in enumerate(outputs)]
+        requests = ((i, prompt, params) for i, (prompt, params) in enumerate(zip(prompts, sampling_params)))
+        outputs = dict(stream_outputs(self, requests, use_tqdm, total=len(prompts)))
+        return [outputs[i] for i in range(len(prompts))]
+
+    def iter_outputs(self, requests, use_tqdm: bool = False, total: int | None = None,
+                     max_waiting: int | None = None):
+        """(key, RequestOutput) as each request finishes, for an iterable of (key, prompt, SamplingParams)
+        read lazily: requests are queued while fewer than max_waiting sequences wait (default: twice
+        max_num_seqs), so a file of millions of lines never sits in memory. A bad request comes back at once
+        with finish_reason "error". Breaking out of the loop, or any exception, aborts the requests still
+        running (engine/request_stream.py)."""
+        yield from stream_outputs(self, requests, use_tqdm, total, max_waiting or 2 * self.config.max_num_seqs)
 
     def _add_request_n(self, prompt, params: SamplingParams) -> list[Sequence]:
         """The n sequences of one request (vLLM's parallel sampling): the same prompt, each its own
@@ -336,34 +309,3 @@ class LLMEngine:
         except Exception:   # the step itself failed: its results are lost with the aborted requests
             self.pending = None
         self.scheduler.abort(seqs)
-
-    def _run_until_done(self, outputs: list, index: dict[int, tuple[int, int]], use_tqdm: bool) -> None:
-        """Step until every request is done. The bar shows, as vLLM's does, the requests done and the
-        finished requests' input and output tokens per second since the start (a steady rate); written
-        to a file or a pipe it updates every 10 s, not every step."""
-        tty = sys.stderr.isatty()
-        left = {i: len(out) for i, out in enumerate(outputs) if isinstance(out, list)}   # completions to come
-        bar = tqdm(total=len(left), desc="Processed prompts", dynamic_ncols=True, disable=not use_tqdm,
-                   mininterval=0.1 if tty else 10.0)
-        start, done_in, done_out = time.perf_counter(), 0, 0
-        while not self.scheduler.is_finished():
-            t = time.perf_counter()
-            finished, num_tokens, kind = self.step()
-            elapsed = time.perf_counter() - t
-            self.stats[f"{kind}_steps"] += 1
-            self.stats[f"{kind}_tokens"] += num_tokens
-            self.stats[f"{kind}_s"] += elapsed
-            done = 0
-            for seq in finished:
-                i, j = index[seq.seq_id]
-                outputs[i][j] = self.output(seq)
-                done_in, done_out = done_in + seq.num_prompt_tokens, done_out + seq.num_completion_tokens
-                left[i] -= 1
-                done += left[i] == 0
-            if done and use_tqdm:
-                wall = max(time.perf_counter() - start, 1e-9)
-                bar.set_postfix_str(f"est. speed input: {done_in / wall:.2f} toks/s, "
-                                    f"output: {done_out / wall:.2f} toks/s", refresh=False)
-                bar.update(done)
-        self._drain()   # a last step may still be in flight for sequences that had finished
-        bar.close()
