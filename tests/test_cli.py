@@ -16,6 +16,8 @@ BAD = [
     ["-m", "nanovllm.quant.awq_quantize", "--model", "/nonexistent", "--out", "/tmp/nanovllm-cli-test-out"],
     ["-m", "nanovllm.tools.decode_profile", "--num-seqs", "0"],
     ["-m", "nanovllm.tools.render_results", "--root", "/nonexistent"],
+    ["-m", "nanovllm.run_batch", "-i", "/nonexistent.jsonl", "-o", "-", "--model", "nanovllm/demo/zen-qwen3"],
+    ["-m", "nanovllm.run_batch", "-i", "README.md", "-o", "-", "--model", "/nonexistent"],
 ]
 
 
