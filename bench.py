@@ -32,7 +32,7 @@ from datetime import datetime, timezone
 
 import torch
 
-from nanovllm.configs import shipped_config_dir
+from nanovllm.configs import shipped_config_dir, shipped_config_names
 from nanovllm.utils.results import results_path, save_record
 
 DEFAULT_MODEL = "~/huggingface/Qwen3-0.6B/"
@@ -140,7 +140,7 @@ def resolve_model(path: str) -> tuple[str, str]:
             f.endswith(".safetensors") for f in os.listdir(expanded)):
         return expanded, "auto"
     name = os.path.basename(os.path.normpath(expanded))
-    name = name if name in ("Qwen3-0.6B", "Qwen3-8B") else "Qwen3-0.6B"
+    name = name if name in shipped_config_names() else "Qwen3-0.6B"
     print(f"# {path} has no checkpoint: using the shipped {name} config with random weights "
           f"(load_format='dummy')", file=sys.stderr)
     return shipped_config_dir(name), "dummy"

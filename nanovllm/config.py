@@ -6,6 +6,7 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
+from nanovllm.models import check_architecture
 from nanovllm.quant.kv import KV_CACHE_DTYPES
 
 logger = logging.getLogger(__name__)
@@ -100,6 +101,7 @@ class Config:
                            self.max_model_len, self.hf_config.max_position_embeddings,
                            self.hf_config.max_position_embeddings)
             self.max_model_len = self.hf_config.max_position_embeddings
+        check_architecture(self.hf_config, self.max_model_len)
         self.eos_token_ids = tuple(self.eos_token_ids) or read_eos_token_ids(self.model, self.hf_config)
         _check_divides(self.tensor_parallel_size, self.hf_config)
 

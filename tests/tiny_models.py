@@ -40,3 +40,24 @@ def hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
 def hf_logits(model, prompt: list[int]) -> torch.Tensor:
     with torch.no_grad():
         return model(torch.tensor([prompt])).logits[0, -1].float()
+
+
+def make_tiny_arch(out_dir: str, arch: str, seed: int = 0, **overrides):
+    """A tiny random model of another architecture of the decoder family (float32), saved like
+    make_tiny_model; overrides go to its config (e.g. attention_bias, mlp_bias, rope_scaling)."""
+    import transformers
+    config_class = getattr(transformers, arch.replace("ForCausalLM", "Config"))
+    cfg = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, max_position_embeddings=1024, rms_norm_eps=1e-6, initializer_range=0.2,
+               eos_token_id=256, bos_token_id=256, pad_token_id=256, tie_word_embeddings=False)
+    cfg.update(overrides)
+    torch.manual_seed(seed)
+    model = getattr(transformers, arch)(config_class(**cfg)).float().eval()
+    with torch.no_grad():      # biases start at zero in transformers: give them values a wrong load would show
+        for name, p in model.named_parameters():
+            if name.endswith(".bias"):
+                p.normal_(0, 0.5)
+    os.makedirs(out_dir, exist_ok=True)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    save_byte_tokenizer(out_dir)
+    return model

@@ -8,12 +8,17 @@ CONFIGS_DIR = os.path.dirname(__file__)
 
 
 def shipped_config_dir(name: str) -> str:
-    """'Qwen3-0.6B' or 'Qwen3-8B' -> the folder holding its config.json."""
+    """A shipped model name ('Qwen3-0.6B', 'Qwen3-8B', 'Llama-3.1-8B', 'Llama-3.2-1B', 'Qwen2.5-7B',
+    'Mistral-7B-v0.3': the published config.json of each) -> the folder holding its config.json."""
     path = os.path.join(CONFIGS_DIR, name)
     if not os.path.exists(os.path.join(path, "config.json")):
         names = sorted(d for d in os.listdir(CONFIGS_DIR) if os.path.isdir(os.path.join(CONFIGS_DIR, d)))
         raise ValueError(f"no shipped config {name!r}; shipped: {names}")
     return path
+
+
+def shipped_config_names() -> list[str]:
+    return sorted(d for d in os.listdir(CONFIGS_DIR) if os.path.isfile(os.path.join(CONFIGS_DIR, d, "config.json")))
 
 
 def with_awq_config(model_dir: str, group_size: int = 128) -> str:

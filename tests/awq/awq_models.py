@@ -3,7 +3,7 @@ import json
 import os
 
 from safetensors.torch import load_file, save_file
-from tiny_models import make_tiny_model
+from tiny_models import make_tiny_arch, make_tiny_model
 
 from nanovllm.quant.awq import dequantize_awq
 from nanovllm.quant.awq_quantize import quantize_model
@@ -11,9 +11,10 @@ from nanovllm.quant.awq_quantize import quantize_model
 GROUP = 32
 
 
-def make_awq_model(path: str, method: str = "rtn", calib=None, group: int = GROUP, **cfg):
-    """Save an AWQ (GEMM format) checkpoint of a tiny random model; returns the float32 HF model."""
-    hf = make_tiny_model(path, **cfg)
+def make_awq_model(path: str, method: str = "rtn", calib=None, group: int = GROUP, arch: str | None = None, **cfg):
+    """Save an AWQ (GEMM format) checkpoint of a tiny random model (Qwen3, or `arch` of the decoder
+    family); returns the float32 HF model. Biases stay float16 tensors, as AutoAWQ keeps them."""
+    hf = make_tiny_arch(path, arch, **cfg) if arch else make_tiny_model(path, **cfg)
     tensors = quantize_model(hf, calib, group, method)
     os.remove(os.path.join(path, "model.safetensors"))
     save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})

@@ -87,6 +87,23 @@ def test_engine_equals_hf_on_dequantized_weights(awq_pair):
     torch.testing.assert_close(logits[0].float().cpu(), hf_logits(hf, prompts[1]), atol=2e-4, rtol=2e-4)
 
 
+@pytest.mark.parametrize("arch, cfg", [("Qwen2ForCausalLM", {}),
+                                       ("LlamaForCausalLM", dict(attention_bias=True, mlp_bias=True)),
+                                       ("MistralForCausalLM", dict(sliding_window=None))])
+def test_awq_of_other_architectures_equals_hf_on_dequantized_weights(tmp_path, arch, cfg):
+    """AutoAWQ checkpoints of Qwen2, Llama (with every bias) and Mistral: the quantized linears keep their
+    biases, and greedy ids equal transformers running the dequantized weights."""
+    hf = dequantized_hf(str(tmp_path), make_awq_model(str(tmp_path), arch=arch, **cfg))
+    llm = LLM(str(tmp_path), dtype="float32", **KW)
+    layer = llm.model_runner.model.model.layers[0]
+    assert type(layer.self_attn.qkv_proj.quant_method).__name__ == "AWQLinearMethod"
+    if arch != "MistralForCausalLM":
+        assert layer.self_attn.qkv_proj.bias is not None
+    prompts = [[3, 1, 4, 1, 5, 9, 2, 6], list(range(40, 80))]
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=12), use_tqdm=False)
+    assert [o["token_ids"] for o in outs] == [hf_greedy(hf, p, 12) for p in prompts]
+
+
 @pytest.mark.cuda
 def test_fused_activation_in_the_engine_on_gpu(tmp_path):
     """A one-token forward of a group-128 AWQ model in bf16 on the GPU runs down with silu(gate) * up computed

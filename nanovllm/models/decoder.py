@@ -1,8 +1,16 @@
-"""Qwen3: pre-norm decoder with GQA, per-head RMSNorm on q and k, RoPE and a SwiGLU MLP.
+"""The Llama-family decoder that Qwen3, Qwen2/2.5, Llama 3.x and Mistral share: pre-norm layers of GQA
+attention with RoPE and a SwiGLU MLP, RMSNorm, an LM head (tied to the embedding or not).
 
+What differs between the architectures is one `ArchSpec` each (models/__init__.py), read here:
+- qk_norm: Qwen3 RMSNorms each head of q and k before RoPE;
+- qkv_bias / o_bias / mlp_bias: True, False, or the name of the config field that says (Llama's
+  `attention_bias` and `mlp_bias`; Qwen2 always has q/k/v biases and no o_proj bias);
+- RoPE variants (Llama 3's `rope_scaling`) come from the config through layers/rotary_embedding.py.
 Inputs are flat: all tokens of all sequences of a step in one [num_tokens] batch; the attention layers
 find sequence boundaries and the paged KV cache through the step's metadata.
 """
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
@@ -18,37 +26,57 @@ from nanovllm.layers.linear import (
 from nanovllm.layers.rotary_embedding import RotaryEmbedding
 
 
-class Qwen3Attention(nn.Module):
-    def __init__(self, config, quant_config=None):
+@dataclass(frozen=True)
+class ArchSpec:
+    """What one architecture does differently; a str names the config field that decides (default False)."""
+    qk_norm: bool = False
+    qkv_bias: bool | str = False
+    o_bias: bool | str = False
+    mlp_bias: bool | str = False
+
+    def flag(self, name: str, config) -> bool:
+        value = getattr(self, name)
+        return bool(getattr(config, value, False)) if isinstance(value, str) else value
+
+
+class DecoderAttention(nn.Module):
+    def __init__(self, config, spec: ArchSpec, quant_config=None):
         super().__init__()
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.qkv_proj = QKVParallelLinear(config.hidden_size, self.head_dim, config.num_attention_heads,
-                                          config.num_key_value_heads, getattr(config, "attention_bias", False),
+                                          config.num_key_value_heads, spec.flag("qkv_bias", config),
                                           quant_method=quant_config and quant_config.method_for("qkv_proj"))
         self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.o_proj = RowParallelLinear(config.num_attention_heads * self.head_dim, config.hidden_size,
+                                        spec.flag("o_bias", config),
                                         quant_method=quant_config and quant_config.method_for("o_proj"))
         self.rotary_emb = RotaryEmbedding(config, self.head_dim)
         self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim ** -0.5)
-        self.q_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
-        self.k_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+        self.q_norm = self.k_norm = None
+        if spec.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv_proj(hidden_states).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)                      # [num_tokens, heads, head_dim]
         k = k.view(-1, self.num_kv_heads, self.head_dim)
-        q, k = self.rotary_emb.forward_with_qk_norm(positions, q, k, self.q_norm, self.k_norm)
+        if self.q_norm is not None:
+            q, k = self.rotary_emb.forward_with_qk_norm(positions, q, k, self.q_norm, self.k_norm)
+        else:
+            q, k = self.rotary_emb(positions, q, k)
         return self.o_proj(self.attn(q, k, v))
 
 
-class Qwen3MLP(nn.Module):
-    def __init__(self, config, quant_config=None):
+class DecoderMLP(nn.Module):
+    def __init__(self, config, spec: ArchSpec, quant_config=None):
         super().__init__()
+        bias = spec.flag("mlp_bias", config)
         self.gate_up_proj = MergedColumnParallelLinear(
-            config.hidden_size, [config.intermediate_size] * 2,
+            config.hidden_size, [config.intermediate_size] * 2, bias,
             quant_method=quant_config and quant_config.method_for("gate_up_proj"))
-        self.down_proj = RowParallelLinear(config.intermediate_size, config.hidden_size,
+        self.down_proj = RowParallelLinear(config.intermediate_size, config.hidden_size, bias,
                                            quant_method=quant_config and quant_config.method_for("down_proj"))
         self.act_fn = SiluAndMul()
 
@@ -58,11 +86,11 @@ class Qwen3MLP(nn.Module):
         return fused if fused is not None else self.down_proj(self.act_fn(gate_up))
 
 
-class Qwen3DecoderLayer(nn.Module):
-    def __init__(self, config, quant_config=None):
+class DecoderLayer(nn.Module):
+    def __init__(self, config, spec: ArchSpec, quant_config=None):
         super().__init__()
-        self.self_attn = Qwen3Attention(config, quant_config)
-        self.mlp = Qwen3MLP(config, quant_config)
+        self.self_attn = DecoderAttention(config, spec, quant_config)
+        self.mlp = DecoderMLP(config, spec, quant_config)
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
@@ -77,11 +105,11 @@ class Qwen3DecoderLayer(nn.Module):
         return self.mlp(hidden_states), residual
 
 
-class Qwen3Model(nn.Module):
-    def __init__(self, config, quant_config=None):
+class DecoderModel(nn.Module):
+    def __init__(self, config, spec: ArchSpec, quant_config=None):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList([Qwen3DecoderLayer(config, quant_config)
+        self.layers = nn.ModuleList([DecoderLayer(config, spec, quant_config)
                                      for _ in range(config.num_hidden_layers)])
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
@@ -93,8 +121,10 @@ class Qwen3Model(nn.Module):
         return hidden_states
 
 
-class Qwen3ForCausalLM(nn.Module):
-    """Checkpoint tensors q/k/v_proj and gate/up_proj load into the packed qkv_proj and gate_up_proj."""
+class DecoderForCausalLM(nn.Module):
+    """Checkpoint tensors q/k/v_proj and gate/up_proj load into the packed qkv_proj and gate_up_proj.
+    Subclasses (models/__init__.py) set `spec`."""
+    spec = ArchSpec()
     packed_modules_mapping = {
         "q_proj": ("qkv_proj", "q"),
         "k_proj": ("qkv_proj", "k"),
@@ -105,7 +135,7 @@ class Qwen3ForCausalLM(nn.Module):
 
     def __init__(self, config, quant_config=None):
         super().__init__()
-        self.model = Qwen3Model(config, quant_config)
+        self.model = DecoderModel(config, self.spec, quant_config)
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         if self.tie_word_embeddings:

@@ -1,0 +1,78 @@
+"""Qwen2/2.5, Llama 3.x and Mistral through the shared decoder, against transformers on tiny random models
+(float32): greedy ids equal, first-step logits close, prefix caching and chunked prefill included."""
+import pytest
+import torch
+from tiny_models import hf_greedy, hf_logits, make_tiny_arch
+
+from nanovllm import LLM, SamplingParams
+from nanovllm.engine.scheduler import ScheduledBatch
+from nanovllm.engine.sequence import Sequence
+
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64, "rope_theta": 500000.0}
+CASES = {
+    "qwen2": ("Qwen2ForCausalLM", {}),
+    "llama3-bias-rope": ("LlamaForCausalLM", dict(attention_bias=True, mlp_bias=True, rope_scaling=LLAMA3_ROPE)),
+    "llama3.2-tied-head-dim": ("LlamaForCausalLM", dict(tie_word_embeddings=True, head_dim=32, rope_theta=500000.0)),
+    "mistral": ("MistralForCausalLM", dict(sliding_window=None)),
+}
+PROMPTS = [[5, 9, 200, 31, 31, 7], [250, 3] * 20, [17], list(range(40, 110))]
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def pair(request, tmp_path_factory):
+    arch, overrides = CASES[request.param]
+    path = str(tmp_path_factory.mktemp(request.param))
+    return path, make_tiny_arch(path, arch, **overrides)
+
+
+def test_greedy_ids_equal_transformers(pair):
+    path, hf = pair
+    llm = LLM(path, kvcache_block_size=16, num_kvcache_blocks=64, max_model_len=256, max_num_batched_tokens=48)
+    outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=16), use_tqdm=False)   # chunked prefill
+    assert [o["token_ids"] for o in outs] == [hf_greedy(hf, p, 16) for p in PROMPTS]
+    again = llm.generate(PROMPTS[3:], SamplingParams(temperature=0, max_tokens=16), use_tqdm=False)[0]
+    assert again["num_cached_tokens"] > 0 and again["token_ids"] == outs[3]["token_ids"]     # prefix hit
+
+
+def test_first_step_logits_close_to_transformers(pair):
+    path, hf = pair
+    llm = LLM(path, kvcache_block_size=16, num_kvcache_blocks=64, max_model_len=256)
+    seqs = [Sequence(p) for p in PROMPTS]
+    for seq in seqs:
+        llm.scheduler.block_manager.allocate(seq)
+    logits, _ = llm.model_runner.forward_logits(ScheduledBatch(seqs, [len(p) for p in PROMPTS]))
+    for row, prompt in zip(logits, PROMPTS):
+        torch.testing.assert_close(row.float(), hf_logits(hf, prompt), rtol=1e-4, atol=1e-4)
+
+
+def test_a_sliding_window_is_refused_unless_it_covers_max_model_len(tmp_path):
+    make_tiny_arch(str(tmp_path), "MistralForCausalLM", sliding_window=64)
+    with pytest.raises(ValueError, match="sliding window of 64 tokens.*max_model_len=64"):
+        LLM(str(tmp_path), max_model_len=256)
+    assert LLM(str(tmp_path), max_model_len=64, num_kvcache_blocks=8).config.max_model_len == 64
+
+
+def test_an_unknown_architecture_lists_the_supported_ones(tmp_path):
+    import json
+    make_tiny_arch(str(tmp_path), "LlamaForCausalLM")
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["architectures"] = ["GPT2LMHeadModel"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="supported: .*LlamaForCausalLM.*MistralForCausalLM"):
+        LLM(str(tmp_path))
+
+
+@pytest.mark.parametrize("case", ["qwen2", "llama3-bias-rope"])
+def test_tp2_equals_transformers(tmp_path, case):
+    """Row-parallel biases (o_proj, down_proj) are added once, on rank 0; q/k/v biases are split."""
+    import multiprocessing
+    arch, overrides = CASES[case]
+    hf = make_tiny_arch(str(tmp_path), arch, **overrides)
+    llm = LLM(str(tmp_path), kvcache_block_size=16, num_kvcache_blocks=64, max_model_len=256, tensor_parallel_size=2)
+    try:
+        outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=12), use_tqdm=False)
+        assert [o["token_ids"] for o in outs] == [hf_greedy(hf, p, 12) for p in PROMPTS]
+    finally:
+        llm.shutdown()
+    assert multiprocessing.active_children() == []
