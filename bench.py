@@ -32,6 +32,7 @@ from datetime import datetime, timezone
 
 import torch
 
+from nanovllm.config import load_hf_config
 from nanovllm.configs import shipped_config_dir, shipped_config_names
 from nanovllm.utils.results import results_path, save_record
 
@@ -106,7 +107,6 @@ def measured_rates(device: str) -> tuple[float, float]:
 def physical_floor(model_dir: str, w: Workload, kv_cache_dtype: str, max_num_seqs: int, prefix_caching: bool,
                    rates: tuple[float, float]) -> dict:
     """Seconds this workload needs at least on this GPU (see the module docstring), and its parts."""
-    from nanovllm.config import load_hf_config
     cfg = load_hf_config(model_dir)
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     layers, hidden, heads = cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads
@@ -134,11 +134,12 @@ def physical_floor(model_dir: str, w: Workload, kv_cache_dtype: str, max_num_seq
 
 
 def resolve_model(path: str) -> tuple[str, str]:
-    """(model dir, load_format): a shipped config with dummy weights when `path` has no checkpoint."""
+    """(model dir, load_format): a checkpoint as it is; a folder with only config.json, or a shipped
+    config's name, with random weights ("dummy"); anything else falls back to the shipped Qwen3-0.6B."""
     expanded = os.path.expanduser(path)
-    if os.path.exists(os.path.join(expanded, "config.json")) and any(
-            f.endswith(".safetensors") for f in os.listdir(expanded)):
-        return expanded, "auto"
+    if os.path.exists(os.path.join(expanded, "config.json")):
+        weights = any(f.endswith(".safetensors") for f in os.listdir(expanded))
+        return expanded, "auto" if weights else "dummy"
     name = os.path.basename(os.path.normpath(expanded))
     name = name if name in shipped_config_names() else "Qwen3-0.6B"
     print(f"# {path} has no checkpoint: using the shipped {name} config with random weights "
@@ -254,6 +255,9 @@ def main():
 
     model, load_format = resolve_model(args.model)
     w = make_workload(args.workload, args)
+    vocab = load_hf_config(model).vocab_size
+    if vocab <= 10000:      # a small model (tests): the workload's ids folded into its vocabulary
+        w.prompts = [[t % vocab for t in p] for p in w.prompts]
     longest = max(len(p) + n for p, n in zip(w.prompts, w.max_tokens))
     args.max_model_len = args.max_model_len or max(4096, longest)
     run = run_nanovllm if args.engine == "nanovllm" else run_hf

@@ -63,10 +63,13 @@ def test_readme_tables_come_from_the_json(tmp_path):
 
 
 def test_bench_runs_and_records_the_floor(tmp_path):
+    from tiny_models import make_tiny_model
+    make_tiny_model(str(tmp_path / "tiny"))
+    os.remove(tmp_path / "tiny" / "model.safetensors")          # a config alone: random weights ("dummy")
     out_file = tmp_path / "bench.json"
-    subprocess.run([sys.executable, "bench.py", "--num-seqs", "2", "--max-input-len", "100", "--max-output-len", "100",
-                    "--max-model-len", "256", "--repeat", "3", "--out", str(out_file)], cwd=ROOT, check=True,
-                   capture_output=True, timeout=600)
+    subprocess.run([sys.executable, "bench.py", "--model", str(tmp_path / "tiny"), "--num-seqs", "2",
+                    "--max-input-len", "100", "--max-output-len", "100", "--max-model-len", "256", "--repeat", "3",
+                    "--out", str(out_file)], cwd=ROOT, check=True, capture_output=True, timeout=600)
     record = json.loads(out_file.read_text())
     assert record["output_tokens"] == 200 and record["load_format"] == "dummy"
     assert len(record["runs_seconds"]) == 3 and sorted(record["runs_seconds"])[1] == round(record["seconds"], 3)
