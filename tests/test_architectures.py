@@ -15,6 +15,9 @@ CASES = {
     "llama3-bias-rope": ("LlamaForCausalLM", dict(attention_bias=True, mlp_bias=True, rope_scaling=LLAMA3_ROPE)),
     "llama3.2-tied-head-dim": ("LlamaForCausalLM", dict(tie_word_embeddings=True, head_dim=32, rope_theta=500000.0)),
     "mistral": ("MistralForCausalLM", dict(sliding_window=None)),
+    "qwen3-moe": ("Qwen3MoeForCausalLM", dict(head_dim=32, num_hidden_layers=3, moe_intermediate_size=32,
+                                               num_experts=8, num_experts_per_tok=2, norm_topk_prob=True,
+                                               decoder_sparse_step=1, mlp_only_layers=[1])),
 }
 PROMPTS = [[5, 9, 200, 31, 31, 7], [250, 3] * 20, [17], list(range(40, 110))]
 
@@ -63,9 +66,10 @@ def test_an_unknown_architecture_lists_the_supported_ones(tmp_path):
         LLM(str(tmp_path))
 
 
-@pytest.mark.parametrize("case", ["qwen2", "llama3-bias-rope"])
+@pytest.mark.parametrize("case", ["qwen2", "llama3-bias-rope", "qwen3-moe"])
 def test_tp2_equals_transformers(tmp_path, case):
-    """Row-parallel biases (o_proj, down_proj) are added once, on rank 0; q/k/v biases are split."""
+    """Row-parallel biases (o_proj, down_proj) are added once, on rank 0; q/k/v biases are split; every
+    rank holds a slice of every expert."""
     import multiprocessing
     arch, overrides = CASES[case]
     hf = make_tiny_arch(str(tmp_path), arch, **overrides)
@@ -76,3 +80,34 @@ def test_tp2_equals_transformers(tmp_path, case):
     finally:
         llm.shutdown()
     assert multiprocessing.active_children() == []
+
+
+def test_moe_reference_equals_a_per_token_loop():
+    """fused_moe_ref (tokens grouped by expert) against the plain definition, token by token."""
+    import torch.nn.functional as F
+
+    from nanovllm.layers.moe import fused_moe_ref, select_experts
+    torch.manual_seed(0)
+    tokens, hidden, inter, experts, top_k = 37, 16, 8, 6, 3
+    x = torch.randn(tokens, hidden)
+    w13, w2 = torch.randn(experts, 2 * inter, hidden), torch.randn(experts, hidden, inter)
+    weights, ids = select_experts(torch.randn(tokens, experts), top_k, renormalize=True)
+    assert torch.allclose(weights.sum(-1), torch.ones(tokens))
+    want = torch.zeros(tokens, hidden)
+    for t in range(tokens):
+        for w, e in zip(weights[t], ids[t]):
+            gate, up = (x[t] @ w13[e].t()).split(inter)
+            want[t] += w * (F.silu(gate) * up) @ w2[e].t()
+    torch.testing.assert_close(fused_moe_ref(x, w13, w2, weights, ids), want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_quantized_moe_checkpoint_is_refused(tmp_path):
+    import json
+    arch, overrides = CASES["qwen3-moe"]
+    make_tiny_arch(str(tmp_path), arch, **overrides)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": 32, "zero_point": True,
+                                     "version": "gemm"}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="mixture-of-experts"):
+        LLM(str(tmp_path))

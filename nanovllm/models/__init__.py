@@ -7,6 +7,7 @@ ARCHITECTURES = {
     "Qwen2ForCausalLM": ArchSpec(qkv_bias=True),                       # Qwen2 and Qwen2.5
     "LlamaForCausalLM": ArchSpec(qkv_bias="attention_bias", o_bias="attention_bias", mlp_bias="mlp_bias"),
     "MistralForCausalLM": ArchSpec(),
+    "Qwen3MoeForCausalLM": ArchSpec(qk_norm=True, moe=True, qkv_bias="attention_bias", o_bias="attention_bias"),
 }
 MODEL_REGISTRY = {name: type(name, (DecoderForCausalLM,), {"spec": spec}) for name, spec in ARCHITECTURES.items()}
 
@@ -32,6 +33,9 @@ def check_architecture(hf_config, max_model_len: int) -> None:
     act = getattr(hf_config, "hidden_act", "silu")
     if act != "silu":
         raise ValueError(f"hidden_act={act!r} is not supported; the decoder's MLP is SwiGLU ('silu')")
+    if ARCHITECTURES[get_model_class(hf_config).__name__].moe and getattr(hf_config, "quantization_config", None):
+        raise ValueError("quantized (AWQ) checkpoints of mixture-of-experts models are not supported yet; use the "
+                         "bf16 checkpoint")
     window = sliding_window(hf_config)
     if window is not None and window < max_model_len:
         raise ValueError(f"this model attends within a sliding window of {window} tokens, which nanovllm's "

@@ -5,10 +5,13 @@ What differs between the architectures is one `ArchSpec` each (models/__init__.p
 - qk_norm: Qwen3 RMSNorms each head of q and k before RoPE;
 - qkv_bias / o_bias / mlp_bias: True, False, or the name of the config field that says (Llama's
   `attention_bias` and `mlp_bias`; Qwen2 always has q/k/v biases and no o_proj bias);
-- RoPE variants (Llama 3's `rope_scaling`) come from the config through layers/rotary_embedding.py.
+- RoPE variants (Llama 3's `rope_scaling`) come from the config through layers/rotary_embedding.py;
+- moe: Qwen3-MoE's sparse layers (every `decoder_sparse_step`-th, except `mlp_only_layers`) route each
+  token to `num_experts_per_tok` of `num_experts` experts (layers/moe.py).
 Inputs are flat: all tokens of all sequences of a step in one [num_tokens] batch; the attention layers
 find sequence boundaries and the paged KV cache through the step's metadata.
 """
+import re
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +26,7 @@ from nanovllm.layers.linear import (
     QKVParallelLinear,
     RowParallelLinear,
 )
+from nanovllm.layers.moe import FusedMoE
 from nanovllm.layers.rotary_embedding import RotaryEmbedding
 
 
@@ -30,6 +34,7 @@ from nanovllm.layers.rotary_embedding import RotaryEmbedding
 class ArchSpec:
     """What one architecture does differently; a str names the config field that decides (default False)."""
     qk_norm: bool = False
+    moe: bool = False
     qkv_bias: bool | str = False
     o_bias: bool | str = False
     mlp_bias: bool | str = False
@@ -86,11 +91,34 @@ class DecoderMLP(nn.Module):
         return fused if fused is not None else self.down_proj(self.act_fn(gate_up))
 
 
+class SparseMoeBlock(nn.Module):
+    """Qwen3-MoE's MLP: the router (`gate`, replicated on every rank) and the experts."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.gate = nn.Linear(config.hidden_size, config.num_experts, bias=False)
+        self.experts = FusedMoE(config.num_experts, config.num_experts_per_tok, config.hidden_size,
+                                config.moe_intermediate_size, bool(getattr(config, "norm_topk_prob", True)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.experts(x, self.gate(x))
+
+
+def is_sparse_layer(config, index: int) -> bool:
+    """Qwen3-MoE: every decoder_sparse_step-th layer has experts, except the mlp_only_layers."""
+    step = getattr(config, "decoder_sparse_step", 1)
+    return (index not in (getattr(config, "mlp_only_layers", None) or []) and config.num_experts > 0
+            and (index + 1) % step == 0)
+
+
 class DecoderLayer(nn.Module):
-    def __init__(self, config, spec: ArchSpec, quant_config=None):
+    def __init__(self, config, spec: ArchSpec, quant_config=None, index: int = 0):
         super().__init__()
         self.self_attn = DecoderAttention(config, spec, quant_config)
-        self.mlp = DecoderMLP(config, spec, quant_config)
+        if spec.moe and is_sparse_layer(config, index):
+            self.mlp = SparseMoeBlock(config)
+        else:
+            self.mlp = DecoderMLP(config, spec, quant_config)
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
@@ -109,8 +137,8 @@ class DecoderModel(nn.Module):
     def __init__(self, config, spec: ArchSpec, quant_config=None):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList([DecoderLayer(config, spec, quant_config)
-                                     for _ in range(config.num_hidden_layers)])
+        self.layers = nn.ModuleList([DecoderLayer(config, spec, quant_config, i)
+                                     for i in range(config.num_hidden_layers)])
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -119,6 +147,9 @@ class DecoderModel(nn.Module):
             hidden_states, residual = layer(positions, hidden_states, residual)
         hidden_states, _ = self.norm(hidden_states, residual)
         return hidden_states
+
+
+EXPERT_TENSOR = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
 
 
 class DecoderForCausalLM(nn.Module):
@@ -143,6 +174,15 @@ class DecoderForCausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids, positions)
+
+    @staticmethod
+    def checkpoint_target(name: str) -> tuple[str, tuple[str, int]] | None:
+        """An expert's tensor (`...mlp.experts.<e>.gate_proj.weight`) -> (the stacked parameter, (kind, e))."""
+        match = EXPERT_TENSOR.match(name)
+        if match is None:
+            return None
+        prefix, expert, kind = match.groups()
+        return f"{prefix}.{'w2' if kind == 'down' else 'w13'}_weight", (kind, int(expert))
 
     def untie_word_embeddings(self) -> None:
         """Give the LM head a weight of its own (the loader calls this when a checkpoint whose config ties

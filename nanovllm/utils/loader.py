@@ -48,7 +48,12 @@ def iterate_tensors(model_dir: str):
 
 
 def _target(model: nn.Module, name: str) -> tuple[str, object]:
-    """(parameter name in our model, shard id or None) for a checkpoint tensor name."""
+    """(parameter name in our model, shard id or None) for a checkpoint tensor name: the model's own
+    mapping first (an MoE's experts), then its packed modules."""
+    target = getattr(model, "checkpoint_target", None)
+    found = target(name) if target is not None else None
+    if found is not None:
+        return found
     for ckpt_name, (packed_name, shard_id) in getattr(model, "packed_modules_mapping", {}).items():
         if f".{ckpt_name}." in name:
             return name.replace(ckpt_name, packed_name), shard_id
@@ -94,7 +99,10 @@ def _expected_shards(model: nn.Module, params: dict) -> set[tuple[str, object]]:
     for ckpt_name, (packed_name, shard_id) in getattr(model, "packed_modules_mapping", {}).items():
         reverse.setdefault(packed_name, []).append(shard_id)
     expected = set()
-    for name in params:
+    for name, param in params.items():
+        if hasattr(param, "shard_ids"):      # stacked tensors (an MoE's experts) list their own shards
+            expected.update((name, s) for s in param.shard_ids)
+            continue
         packed = next((p for p in reverse if f".{p}." in name), None)
         expected.update({(name, s) for s in reverse[packed]} if packed else {(name, None)})
     return expected
