@@ -18,6 +18,10 @@
 #   bash benchmarks/run_on_h200.sh awq-sweep # GEMV settings per shape ($SWEEP_MODELS) + methods -> quant/tuned/
 #   bash benchmarks/run_on_h200.sh awq-e2e   # AWQ vs bf16 end to end (both models), decode profile
 #   bash benchmarks/run_on_h200.sh regress   # regression_test.sh ($CASES, default all), bench_sharegpt.py
+#   bash benchmarks/run_on_h200.sh prefill   # prefill attention on the long/short workloads' steps, per launch setting
+#   bash benchmarks/run_on_h200.sh archs     # bench.py on dummy Llama-3.1-8B vs Qwen3-8B, Llama-3.2-1B int8 vs bf16
+#   bash benchmarks/run_on_h200.sh moe       # dummy Qwen3-30B-A3B: batch-1 TPOT (bench_one.py) and bench.py
+#   bash benchmarks/run_on_h200.sh runbatch  # run_batch's loop against LLM.generate on the short workload
 # Several modes run in turn: `bash benchmarks/run_on_h200.sh checks bench`. Any H100/H200 card works; results
 # name the card, and tuned files are written per GPU model.
 set -o pipefail
@@ -103,8 +107,25 @@ case "$mode" in
     NANOVLLM_REGRESSION_OUT="$OUT/regression" timeout 370 bash regression_test.sh $CASES 2>&1 | tee "$OUT/regression.log"
     timeout 200 python bench_sharegpt.py --num-prompts 100 --out "$OUT/sharegpt.json" 2>&1 | tail -6
     ;;
+  prefill)
+    timeout 150 python benchmarks/bench_prefill_attention.py --settings default 128/64/8/3 128/128/8/3 64/64/4/3 \
+      --out "$OUT/prefill-attention.json" 2>&1 | grep -v '"gpu"' | cut -c1-200
+    ;;
+  archs)
+    for spec in "Qwen3-8B" "Llama-3.1-8B" "Llama-3.2-1B" "Llama-3.2-1B --kv-cache-dtype int8"; do
+      name=$(echo "$spec" | tr ' ' '_' | tr -d '-')
+      timeout 150 python bench.py --model $spec --out "$OUT/bench-$name.json" 2>&1 | tail -1 | cut -c1-300
+    done
+    ;;
+  moe)
+    timeout 200 python benchmarks/bench_one.py --model Qwen3-30B-A3B --weights bf16 --num-seqs 0 2>&1 | tail -1
+    timeout 250 python bench.py --model Qwen3-30B-A3B --out "$OUT/bench-qwen3-30b-a3b.json" 2>&1 | tail -1 | cut -c1-300
+    ;;
+  runbatch)
+    timeout 200 python benchmarks/bench_run_batch.py --out "$OUT/run-batch-short.json" 2>&1 | tail -1
+    ;;
   *) echo "usage: $0 MODE... (checks kernels quick tune attention store bench workloads profile awq awq-sweep awq-e2e"\
-       "regress)"; exit 2 ;;
+       "regress prefill archs moe runbatch)"; exit 2 ;;
 esac
 tar czf "$ARCHIVE_DIR/results.tgz" -C "$OUT" .
 done
