@@ -31,9 +31,8 @@ class Config:
     max_num_batched_tokens (tokens per step, decodes and prefill chunks together) and max_num_seqs (seats:
     sequences running at once) default to vLLM's values for GPUs of 70 GiB or more, 16384 and 1024. An
     offline batch holds more requests than seats; more seats keep the decode batch large while newcomers'
-    prefills ride along (bench.py --workload short, dummy Qwen3-0.6B, H200: 4.73 s with 1024 seats,
-    about 5.4 s with 256; H100: equal). Each seat costs a KV block only while in use; on smaller caches the
-    scheduler preempts instead (docs/features/engine/engine.md).
+    prefills ride along (measured with bench.py --workload short: docs/features/engine/engine.md). Each
+    seat costs a KV block only while in use; on smaller caches the scheduler preempts instead.
     """
     model: str
     max_num_batched_tokens: int = 16384

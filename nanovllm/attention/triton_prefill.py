@@ -130,11 +130,9 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, o
 def prefill_settings(cache: LayerKVCache, head_dim: int, max_seqlen_q: int) -> dict:
     """Launch settings: 64-query tiles (16 for short chunks); 32-key tiles at head_dim 128 (64 below), and
     128 for a quantized cache, whose longer tiles spread its per-tile work (scale loads; INT8 rounds P per
-    tile row) over more keys: H200, one 17.5k-token prefill step, int8 0.47 -> 0.35 ms, fp8 0.52 -> 0.40
-    (bf16 0.24 ms at 32 keys, its best). Long chunks (over 1,024 queries, the long workload's) take 64-key
-    tiles at head_dim 128 in bf16: H100, a 16k-token step of two prompts (12k + 4.4k) 2.03 -> 1.71 ms, a
-    16k chunk after 8k cached keys 5.97 -> 5.21 ms (128-query/128-key tiles, 8 warps: 1.69 / 5.03, but
-    slower on short chunks)."""
+    tile row) over more keys. Long chunks (over 1,024 queries, the long workload's) take 64-key tiles at
+    head_dim 128 in bf16. Each choice was the fastest measured (docs/features/triton_attention; timings by
+    `benchmarks/bench_prefill_attention.py`)."""
     block_n = 64 if head_dim <= 64 else 32
     if cache.quantized and head_dim >= 128:
         block_n = 128

@@ -15,8 +15,8 @@ which thread holds what:
   offset + q with offset 32768, 2048 or 128 by nibble (`nibble_at`); the offsets come off per group through
   x's offset-weighted sum, as the zero point does through x's plain sum. The largest offset keeps ~15 bits
   of q * x in float32: enough for 16-bit inputs, not for float32 ones, which keep the Triton GEMV.
-Together ~3.4 instructions per weight instead of ~5; on the H200 an 8B layer at one token takes 60 us
-instead of 70 (awq_benchmark.md). Split-K and its fixup are the Triton GEMV's (`finish_split_k`).
+Together ~3.4 instructions per weight instead of ~5, and faster than the Triton GEMV on every 8B layer
+(docs/features/int4_awq_w4a16/awq_benchmark.md). Split-K and its fixup are the Triton GEMV's (`finish_split_k`).
 SwiGLU's down projection can take [gate | up] as is (GATED): each program first computes silu(gate) * up
 of its own groups into shared memory (float32, MAX_GROUPS groups), and its loop reads x from there, so the
 activation kernel between gate_up and down goes away at batch 1 (`AWQLinearMethod.apply_silu_and_mul`).

@@ -21,8 +21,8 @@ takes from registers:
   frees its x buffer. Two warpgroups (8 warps) take 64 output columns each (BLOCK_N = 128).
 - The accumulator [BLOCK_N, BLOCK_M] is float32; K is split over programs when the tiles are too few to
   fill the GPU, with the same last-program fixup as the other AWQ kernels (`finish_split_k`).
-On the H200 an 8B layer at 16-64 tokens takes 0.7-0.9x of the Triton tensor-core kernel's time and
-0.3-1.0x of dequantize + cuBLAS (awq_benchmark.md); at 256 tokens dequantize + cuBLAS still wins.
+At 16-64 tokens it beats the Triton tensor-core kernel and dequantize + cuBLAS on the 8B layers; at 256
+tokens dequantize + cuBLAS still wins (docs/features/int4_awq_w4a16/awq_benchmark.md).
 Hopper only (wgmma); Gluon has no CPU interpreter, so the GPU tests check it against `awq_gemm_ref`.
 """
 import functools
@@ -77,15 +77,14 @@ def hopper(device: torch.device) -> bool:
 
 
 def block_m_for(num_tokens: int) -> int:
-    """Tokens per program: wgmma's N, 16 to 64 (within 5% of the best of 16-128 per 8B layer at 16-256
-    tokens on the H200, and 64 accumulator registers per thread)."""
+    """Tokens per program: wgmma's N, 16 to 64 (within a few percent of the best of 16-128 per 8B layer at
+    16-256 tokens, and 64 accumulator registers per thread)."""
     return min(64, max(16, triton.next_power_of_2(num_tokens)))
 
 
 def programs_per_sm(num_tokens: int) -> int:
-    """Split K until ~2 programs per SM up to 64 tokens, ~1 above: on the H200 (2026-12-05) 1 took 228 us
-    for the four 8B layers at 128 tokens against 247 with 2 (down 57 against 65), at 64 they tie (156
-    against 157) and at 16 tokens 2 is faster (gate_up 31 against 41)."""
+    """Split K until ~2 programs per SM up to 64 tokens, ~1 above: one program per SM was faster at 128
+    tokens, the two tie at 64, and two are faster at 16 (docs/features/int4_awq_w4a16/awq_benchmark.md)."""
     return 2 if num_tokens <= 64 else 1
 
 

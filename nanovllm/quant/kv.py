@@ -20,8 +20,9 @@ Two layouts serve the attention kernels, which read one KV head's keys a tile at
   into that operand layout with 16-byte loads instead of gathering bytes (a third of the decode loop's
   instructions). Groups rather than whole blocks (vLLM's original V layout, [.., head_dim, block_size])
   keep a token's values G bytes apart instead of block_size, so storing a token touches fewer cache lines.
-  Groups of 16 halve that again, but the decode kernel then ran 24% slower on the H200 (likely because a
-  warp's 16-byte loads of a tile then spread over twice the cache lines). `LayerKVCache.v_groups` views V per slot.
+  Groups of 16 halve that again, but the decode kernel then ran slower (likely because a warp's 16-byte
+  loads of a tile then spread over twice the cache lines; docs/features/int8_kv_cache).
+  `LayerKVCache.v_groups` views V per slot.
 A quantized cache starts zeroed and the store writes no NaN, so any bytes of an allocated block can be
 read and multiplied by a zero probability (the kernels skip masking V inside a block).
 """

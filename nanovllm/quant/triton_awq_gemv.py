@@ -14,7 +14,7 @@ Split-K without extra kernels: each program writes its partial sums to a float32
 tile's counter; the program that arrives last adds the partials in split order (so the result does not
 depend on timing), writes y in x's dtype and resets the counter for the next call.
 For one token of group 128 on a GPU, `awq_gemv` hands over to gluon_awq_gemv.py: the same math with the
-thread layout written out (8 columns per thread), ~15% faster on the H200; this kernel runs the rest and
+thread layout written out (8 columns per thread), faster where it runs; this kernel runs the rest and
 everything under the CPU interpreter.
 Reference: `awq_gemm_ref` (dequantize, then matmul).
 """
@@ -94,7 +94,7 @@ def tuned_settings(gpu_name: str, k: int, n: int) -> list[tuple[int, list[int]]]
 
 def default_settings(M: int, N: int, K: int, group_size: int, device: torch.device) -> tuple[int, int, int]:
     """(block_n, split_k, num_warps): measured for this shape (`measured_at` the token count), else what
-    won most sweeps on the H200: 64 columns, 4 warps, and split-K up to ~4 programs per SM for one token,
+    won most sweeps: 64 columns, 4 warps, and split-K up to ~4 programs per SM for one token,
     fewer as tokens add FMAs (4 / M), at most one group per split (longer programs keep their prefetch busy)."""
     table = tuned_settings(device_name(device), K, N) if device.type == "cuda" else []
     measured = measured_at(M, table)
