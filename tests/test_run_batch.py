@@ -166,3 +166,12 @@ def test_two_ray_replicas_give_what_one_process_gives(tmp_path, monkeypatch):
     assert set(a) == set(b) == {r["custom_id"] for r in records} | {"line-13"}
     assert {k: text_of(v) for k, v in a.items() if v["error"] is None} == \
         {k: text_of(v) for k, v in b.items() if v["error"] is None}
+
+
+def test_the_readme_example_file_runs(tmp_path):
+    out = tmp_path / "results" / "batch.jsonl"          # a folder that does not exist yet
+    run_batch(["-i", os.path.join(ROOT, "nanovllm", "demo", "batch_example.jsonl"), "-o", str(out), "--model",
+               DEMO_MODEL_DIR, "--max-model-len", "256", "--disable-progress-bar"])
+    results = read_results(out)
+    assert len(results) == 4 and all(line["error"] is None for line in results.values())
+    assert len(results["completion-1"]["response"]["body"]["choices"]) == 2            # n = 2

@@ -17,6 +17,8 @@ class ResultWriter:
     """Appends output lines, each flushed at once (and synced to disk every few seconds), and counts them."""
 
     def __init__(self, path: str):
+        if path != "-":
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         self.file = sys.stdout if path == "-" else open(path, "a", encoding="utf-8")
         self.synced = time.monotonic()
         self.lines = self.errors = self.prompt_tokens = self.completion_tokens = 0
