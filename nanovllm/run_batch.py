@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
         else:
             run_local(args, engine_kwargs, writer, done, duplicates,
                       None if total is None else total - len(done) - sum(duplicates.values()))
-    except ValueError as e:      # an engine setting that LLM(...) refuses
+    except (ValueError, ImportError) as e:      # an engine setting LLM(...) refuses; Ray not installed
         parser.error(str(e))
     finally:
         writer.close()
