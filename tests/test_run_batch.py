@@ -175,3 +175,27 @@ def test_the_readme_example_file_runs(tmp_path):
     results = read_results(out)
     assert len(results) == 4 and all(line["error"] is None for line in results.values())
     assert len(results["completion-1"]["response"]["body"]["choices"]) == 2            # n = 2
+
+
+def test_logprobs_come_back_in_openai_shapes(tmp_path, llm):
+    chat = {"custom_id": "c", "method": "POST", "url": "/v1/chat/completions",
+            "body": {"messages": [{"role": "user", "content": ZEN[0]}], "max_tokens": 5, "temperature": 0,
+                     "logprobs": True, "top_logprobs": 2}}
+    completion = {"custom_id": "p", "method": "POST", "url": "/v1/completions",
+                  "body": {"prompt": ZEN[1], "max_tokens": 5, "temperature": 0, "logprobs": 3}}
+    out = tmp_path / "out.jsonl"
+    run_batch(["-i", write_jsonl(tmp_path / "in.jsonl", [chat, completion]), "-o", str(out), "--model",
+               DEMO_MODEL_DIR, "--max-model-len", "256", "--disable-progress-bar"])
+    results = read_results(out)
+    content = results["c"]["response"]["body"]["choices"][0]["logprobs"]["content"]
+    assert len(content) == 5 and all(len(item["top_logprobs"]) == 2 for item in content)
+    for item in content:      # greedy: the chosen token is the most likely one, and logprobs are <= 0
+        assert item["logprob"] <= 0 and item["top_logprobs"][0]["logprob"] == pytest.approx(item["logprob"])
+        assert bytes(item["bytes"]) == item["token"].encode()
+    text = results["p"]["response"]["body"]["choices"][0]
+    logprobs = text["logprobs"]
+    assert len(logprobs["tokens"]) == len(logprobs["token_logprobs"]) == len(logprobs["top_logprobs"]) == 5
+    assert all(len(top) <= 3 for top in logprobs["top_logprobs"])
+    assert logprobs["text_offset"][0] == 0 and "".join(logprobs["tokens"]) == text["text"]
+    want = llm.generate(ZEN[1], SamplingParams(temperature=0, max_tokens=5, logprobs=3), use_tqdm=False)[0]
+    assert logprobs["token_logprobs"] == pytest.approx([d[t] for d, t in zip(want["logprobs"], want["token_ids"])])
