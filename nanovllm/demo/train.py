@@ -2,6 +2,8 @@
 
     python -m nanovllm.demo.train [--out DIR] [--steps N]
 
+It writes to results/zen-qwen3 (untracked); `--out nanovllm/demo/zen-qwen3` replaces the committed model.
+
 The text ships with Python (`import this`); the tokenizer is byte-level. Training uses transformers'
 Qwen3 on the CPU (about a minute on 2 cores); the weights are saved in bf16 as safetensors.
 """
@@ -16,6 +18,7 @@ from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
 from nanovllm.demo import DEMO_MODEL_DIR
 from nanovllm.demo.byte_tokenizer import build_byte_tokenizer
+from nanovllm.utils.results import results_path
 
 
 def zen_of_python() -> str:
@@ -56,7 +59,8 @@ def train(steps: int, seed: int = 0) -> Qwen3ForCausalLM:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default=DEMO_MODEL_DIR)
+    parser.add_argument("--out", default=results_path("zen-qwen3"),
+                        help=f"default: results/zen-qwen3 (untracked); the committed demo is {DEMO_MODEL_DIR}")
     parser.add_argument("--steps", type=int, default=600)
     args = parser.parse_args()
     model = train(args.steps)
