@@ -22,6 +22,7 @@
 #   bash benchmarks/run_on_h200.sh archs     # bench.py on dummy Llama-3.1-8B vs Qwen3-8B, Llama-3.2-1B int8 vs bf16
 #   bash benchmarks/run_on_h200.sh moe       # dummy Qwen3-30B-A3B: batch-1 TPOT (bench_one.py) and bench.py
 #   bash benchmarks/run_on_h200.sh runbatch  # run_batch's loop against LLM.generate on the short workload
+#   bash benchmarks/run_on_h200.sh codemodel # train the ~76M code model on the stdlib (7 min), into $OUT/code-qwen3
 # Several modes run in turn: `bash benchmarks/run_on_h200.sh checks bench`. Any H100/H200 card works; results
 # name the card, and tuned files are written per GPU model.
 set -o pipefail
@@ -124,8 +125,12 @@ case "$mode" in
   runbatch)
     timeout 200 python benchmarks/bench_run_batch.py --out "$OUT/run-batch-short.json" 2>&1 | tail -1
     ;;
+  codemodel)   # the weights stay on the machine: measure with them in the same call
+    timeout 500 python -m nanovllm.demo.train_code --minutes 7 --out /tmp/code-qwen3 2>&1 | tail -2
+    cp /tmp/code-qwen3/training.json /tmp/code-qwen3/training.png "$OUT/" 2>/dev/null
+    ;;
   *) echo "usage: $0 MODE... (checks kernels quick tune attention store bench workloads profile awq awq-sweep awq-e2e"\
-       "regress prefill archs moe runbatch)"; exit 2 ;;
+       "regress prefill archs moe runbatch codemodel)"; exit 2 ;;
 esac
 tar czf "$ARCHIVE_DIR/results.tgz" -C "$OUT" .
 done

@@ -34,3 +34,28 @@ def test_example_script_knows_the_demo_by_its_config_and_refuses_a_bad_path(tmp_
     assert "Completion:  ugly.\nExplicit" in out
     bad = subprocess.run([sys.executable, "example.py", "nanovllm"], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and "config.json" in bad.stderr
+
+
+def test_the_code_model_trainer_writes_a_model_the_engine_runs(tmp_path):
+    """issue 42's trainer at its tiny size: a few steps on the standard library's sources, then the engine
+    loads the result and equals transformers on it."""
+    import json
+    import subprocess
+    import sys
+
+    from tiny_models import hf_greedy
+    from transformers import AutoModelForCausalLM
+
+    from nanovllm import LLM, SamplingParams
+    out = tmp_path / "code"
+    subprocess.run([sys.executable, "-m", "nanovllm.demo.train_code", "--size", "tiny", "--steps", "30", "--batch", "4",
+                    "--window", "64", "--limit-bytes", "300000", "--log-every", "10", "--out", str(out)],
+                   check=True, capture_output=True, timeout=300)
+    record = json.loads((out / "training.json").read_text())
+    assert record["steps"] == 30 and record["held_out_bytes"] > 0 and len(record["curve"]) == 3
+    assert record["curve"][-1]["loss"] < record["curve"][0]["loss"]             # it learns something
+    llm = LLM(str(out), max_model_len=256, dtype="float32")
+    hf = AutoModelForCausalLM.from_pretrained(str(out), dtype="float32").eval()
+    prompt = llm.get_tokenizer().encode("def main(")
+    got = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=12), use_tqdm=False)[0]["token_ids"]
+    assert got == hf_greedy(hf, prompt, 12)
