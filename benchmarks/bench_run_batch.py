@@ -18,8 +18,8 @@ from datetime import datetime, timezone
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the repository root
 from bench import WORKLOADS, make_workload, resolve_model  # noqa: E402
 from nanovllm import LLM, SamplingParams  # noqa: E402
-from nanovllm.batch.files import ResultWriter, input_lines  # noqa: E402
-from nanovllm.batch.openai_format import error_line, response_line  # noqa: E402
+from nanovllm.batch.files import Admission, ResultWriter, input_lines  # noqa: E402
+from nanovllm.batch.openai_format import result_line  # noqa: E402
 from nanovllm.run_batch import parsed_requests  # noqa: E402
 from nanovllm.utils.results import results_path, save_record  # noqa: E402
 
@@ -52,10 +52,10 @@ def main():
                                              "ignore_eos": True}}) + "\n")
         writer = ResultWriter(dst)
         start = time.perf_counter()
-        requests = parsed_requests(input_lines(src), llm.tokenizer, llm.config.max_model_len, set(), Counter(), writer)
+        admission = Admission(set(), Counter(), writer)
+        requests = parsed_requests(input_lines(src), llm.tokenizer, llm.config.max_model_len, admission)
         for request, output in llm.iter_outputs(requests):
-            writer.write(error_line(request.custom_id, output["error"]) if output.get("error")
-                         else response_line(request, output, "bench", llm.tokenizer))
+            writer.write(result_line(request, output, "bench", llm.tokenizer))
         batch_s = time.perf_counter() - start
         writer.close()
     assert writer.completion_tokens == tokens and writer.errors == 0

@@ -25,34 +25,21 @@ from collections.abc import Iterable, Iterator
 
 from tqdm.auto import tqdm
 
-from nanovllm.batch.files import ResultWriter, count_lines, done_custom_ids, duplicate_line, input_lines
-from nanovllm.batch.openai_format import BadRequest, error_line, parse_line, response_line
+from nanovllm.batch.files import Admission, ResultWriter, count_lines, done_custom_ids, input_lines
+from nanovllm.batch.openai_format import BadRequest, parse_line, result_line
 from nanovllm.config import Config
 
 
-def parsed_requests(lines: Iterable[str], tokenizer, max_model_len: int, done: set[str], duplicates: Counter,
-                    writer: ResultWriter) -> Iterator:
-    """(request, prompt, SamplingParams) of every line to run; error lines for the rest, written at once.
-    Lines whose custom_id is already in the output are skipped; a repeated custom_id is an error."""
-    seen = set()
+def parsed_requests(lines: Iterable[str], tokenizer, max_model_len: int, admission: Admission) -> Iterator:
+    """(request, prompt, SamplingParams) of every line to run; error lines for the rest, written at once."""
     for number, line in enumerate(lines, start=1):
         try:
             request = parse_line(line, tokenizer, max_model_len)
         except BadRequest as e:
-            custom_id = e.custom_id or f"line-{number}"
-            if custom_id not in done:
-                writer.write(error_line(custom_id, str(e), e.code))
+            admission.reject(e.custom_id or f"line-{number}", str(e), e.code)
             continue
-        if request.custom_id in done:
-            continue
-        if request.custom_id in seen:
-            if duplicates[request.custom_id]:       # reported by the run this one resumes
-                duplicates[request.custom_id] -= 1
-            else:
-                writer.write(duplicate_line(request.custom_id))
-            continue
-        seen.add(request.custom_id)
-        yield request, request.prompt, request.params
+        if admission.admit(request.custom_id):
+            yield request, request.prompt, request.params
 
 
 def run_local(args, engine_kwargs: dict, writer: ResultWriter, done: set[str], duplicates: Counter,
@@ -63,13 +50,10 @@ def run_local(args, engine_kwargs: dict, writer: ResultWriter, done: set[str], d
     bar = tqdm(total=total, desc="Requests", disable=args.disable_progress_bar, dynamic_ncols=True,
                mininterval=0.5 if sys.stderr.isatty() else 10.0)
     start, before = time.perf_counter(), writer.lines
-    requests = parsed_requests(input_lines(args.input), llm.tokenizer, llm.config.max_model_len, done, duplicates,
-                               writer)
+    requests = parsed_requests(input_lines(args.input), llm.tokenizer, llm.config.max_model_len,
+                               Admission(done, duplicates, writer))
     for request, output in llm.iter_outputs(requests):
-        if output.get("error"):
-            writer.write(error_line(request.custom_id, output["error"]))
-        else:
-            writer.write(response_line(request, output, model_name, llm.tokenizer))
+        writer.write(result_line(request, output, model_name, llm.tokenizer))
         bar.update(writer.lines - before - bar.n)
         bar.set_postfix_str(f"{writer.completion_tokens / max(time.perf_counter() - start, 1e-9):,.0f} output "
                             f"tok/s", refresh=False)

@@ -90,3 +90,28 @@ def count_lines(path: str) -> int | None:
 def duplicate_line(custom_id: str) -> dict:
     return error_line(custom_id, f"custom_id {custom_id!r} appears more than once in the input; each must be "
                                  f"unique", DUPLICATE)
+
+
+class Admission:
+    """Which custom_ids of the input run: one answered in the output (a resumed run) is skipped; a repeated
+    one gets one "duplicate" error line, unless the run being resumed already wrote it."""
+
+    def __init__(self, done: set[str], duplicates: Counter, writer: ResultWriter):
+        self.done, self.duplicates, self.writer, self.seen = done, duplicates, writer, set()
+
+    def admit(self, custom_id: str) -> bool:
+        if custom_id in self.done:
+            return False
+        if custom_id in self.seen:
+            if self.duplicates[custom_id]:
+                self.duplicates[custom_id] -= 1
+            else:
+                self.writer.write(duplicate_line(custom_id))
+            return False
+        self.seen.add(custom_id)
+        return True
+
+    def reject(self, custom_id: str, message: str, code: str = "invalid_request") -> None:
+        """An error line for a line that cannot run, unless the output already holds it."""
+        if custom_id not in self.done:
+            self.writer.write(error_line(custom_id, message, code))

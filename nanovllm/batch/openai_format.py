@@ -175,6 +175,13 @@ def response_line(request: BatchRequest, output, model: str, tokenizer) -> dict:
             "error": None}
 
 
+def result_line(request: BatchRequest, output, model: str, tokenizer) -> dict:
+    """The output line of a request the engine took: its response, or its error (e.g. a prompt too long)."""
+    if output.get("error"):
+        return error_line(request.custom_id, output["error"])
+    return response_line(request, output, model, tokenizer)
+
+
 def error_line(custom_id: str | None, message: str, code: str = "invalid_request") -> dict:
     return {"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": custom_id, "response": None,
             "error": {"code": code, "message": message}}

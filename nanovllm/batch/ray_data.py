@@ -13,8 +13,8 @@ import os
 
 import numpy as np
 
-from nanovllm.batch.files import duplicate_line, input_lines
-from nanovllm.batch.openai_format import BadRequest, error_line, parse_line, response_line
+from nanovllm.batch.files import Admission, input_lines
+from nanovllm.batch.openai_format import BadRequest, error_line, parse_line, result_line
 
 LINES_PER_BATCH = 256      # request lines handed to a replica at a time: enough to keep its batch full
 
@@ -37,9 +37,8 @@ class EngineReplica:
                 continue
             runnable.append(request)
         outputs = llm.generate([r.prompt for r in runnable], [r.params for r in runnable], use_tqdm=False)
-        for request, output in zip(runnable, outputs):
-            results.append(error_line(request.custom_id, output["error"]) if output.get("error")
-                           else response_line(request, output, self.model_name, llm.tokenizer))
+        results += [result_line(request, output, self.model_name, llm.tokenizer)
+                    for request, output in zip(runnable, outputs)]
         return {"result": np.array([json.dumps(r, ensure_ascii=False) for r in results], dtype=object)}
 
 
@@ -60,27 +59,16 @@ def map_request_lines(ds, model: str, replicas: int = 1, engine_kwargs: dict | N
 
 def pending_lines(path: str, done: set[str], duplicates, writer) -> list[str]:
     """The input lines still to run; error lines for JSON without a custom_id and for repeated ids."""
-    seen, lines = set(), []
+    admission, lines = Admission(done, duplicates, writer), []
     for number, line in enumerate(input_lines(path), start=1):
         try:
             custom_id = json.loads(line).get("custom_id")
         except (json.JSONDecodeError, AttributeError):
             custom_id = None
         if not isinstance(custom_id, str) or not custom_id:     # the replicas could not name its error line
-            if f"line-{number}" not in done:
-                writer.write(error_line(f"line-{number}", "the line is not a JSON object with a non-empty "
-                                                           "custom_id string"))
-            continue
-        if custom_id in done:
-            continue
-        if custom_id in seen:
-            if duplicates[custom_id]:       # reported by the run this one resumes
-                duplicates[custom_id] -= 1
-            else:
-                writer.write(duplicate_line(custom_id))
-            continue
-        seen.add(custom_id)
-        lines.append(line)
+            admission.reject(f"line-{number}", "the line is not a JSON object with a non-empty custom_id string")
+        elif admission.admit(custom_id):
+            lines.append(line)
     return lines
 
 

@@ -16,14 +16,14 @@ from nanovllm.engine.sequence import Sequence
 
 
 def needs_processing(seqs: list[Sequence]) -> bool:
-    return any(seq.sampling_params.processes_logits for seq in seqs)
+    return any(seq.processes_logits for seq in seqs)
 
 
 def process_logits(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     """logits [len(seqs), vocab] -> a float32 copy with each row's processors applied."""
     logits = logits.float().clone()
     for row, seq in enumerate(seqs):
-        if seq.sampling_params.processes_logits:
+        if seq.processes_logits:
             _process_row(logits[row], seq)
     return logits
 

@@ -66,12 +66,10 @@ class ModelRunner:
         self.graphs = self.mixed_graphs = None      # captured after the cache is sized
         self.num_kvcache_blocks = self._decide_num_blocks()
         self._allocate_kv_cache(self.num_kvcache_blocks)
-        moe = any(hasattr(m, "w13_weight") for m in self.model.modules())
-        if moe and self.device.type == "cuda" and not config.enforce_eager:
-            # the experts' reference path reads which experts a step uses on the host: no CUDA graph can hold it
-            logger.info("mixture-of-experts model: steps run eagerly (no CUDA graphs) until the grouped MoE "
-                        "kernel lands")
-        if self.device.type == "cuda" and not config.enforce_eager and self.backend.supports_cuda_graphs and not moe:
+        graphs = self.backend.supports_cuda_graphs and getattr(self.model, "supports_cuda_graphs", True)
+        if self.device.type == "cuda" and not config.enforce_eager and not graphs:
+            logger.info("%s runs every step eagerly (no CUDA graphs)", type(self.model).__name__)
+        if self.device.type == "cuda" and not config.enforce_eager and graphs:
             layer = self.attention_layers[0]
             self.graphs = DecodeGraphs(self.model, self.backend, config, hf.hidden_size, layer.num_kv_heads)
             if self.backend.supports_mixed_graphs:

@@ -29,6 +29,7 @@ class Sequence:
         self.num_computed_tokens = 0   # tokens whose K/V are in the cache
         self.block_table: list[int] = []
         self.sampling_params = sampling_params
+        self.processes_logits = sampling_params.processes_logits   # read at every step: decided once
         self.finish_reason: str | None = None
         self.generator = None          # per-request torch.Generator when a seed is given
         self.arrival_time = time.perf_counter()

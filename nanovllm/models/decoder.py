@@ -156,6 +156,11 @@ class DecoderForCausalLM(nn.Module):
     """Checkpoint tensors q/k/v_proj and gate/up_proj load into the packed qkv_proj and gate_up_proj.
     Subclasses (models/__init__.py) set `spec`."""
     spec = ArchSpec()
+
+    @property
+    def supports_cuda_graphs(self) -> bool:
+        """MoE layers read on the host which experts a step uses (layers/moe.py): no graph can hold that."""
+        return not self.spec.moe
     packed_modules_mapping = {
         "q_proj": ("qkv_proj", "q"),
         "k_proj": ("qkv_proj", "k"),
