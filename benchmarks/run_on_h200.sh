@@ -10,7 +10,7 @@
 #   bash benchmarks/run_on_h200.sh attention # decode attention microbenchmarks (64 x 8k, 256 x 100..2,048,
 #                                             bench.py's decode steps by split factor, in CUDA graphs)
 #   bash benchmarks/run_on_h200.sh store     # store kernel: a bench prefill step (runs of prompt tokens or not), a decode step
-#   bash benchmarks/run_on_h200.sh bench     # bench.py bf16/int8/fp8 (median of 3)
+#   bash benchmarks/run_on_h200.sh bench     # bench.py bf16/int8/fp8 (median of 3; $BENCH_KV picks)
 #   bash benchmarks/run_on_h200.sh workloads # bench.py --workload short/prefix (+ cascade)/random/long (+ int8),
 #                                              median of 3, GPU idle fraction (~8 min on the H200)
 #   bash benchmarks/run_on_h200.sh profile   # decode step profile of bench.py's workload per KV dtype ($PROFILE_KV)
@@ -22,6 +22,7 @@
 #   bash benchmarks/run_on_h200.sh archs     # bench.py on dummy Llama-3.1-8B vs Qwen3-8B, Llama-3.2-1B int8 vs bf16
 #   bash benchmarks/run_on_h200.sh moe       # dummy Qwen3-30B-A3B: batch-1 TPOT (bench_one.py) and bench.py
 #   bash benchmarks/run_on_h200.sh runbatch  # run_batch's loop against LLM.generate on the short workload
+#   bash benchmarks/run_on_h200.sh interrupt # Ctrl-C 3 s into a long generate returns promptly, the engine answers as before
 #   bash benchmarks/run_on_h200.sh codemodel # train the ~76M code model on the stdlib (7 min), into $OUT/code-qwen3
 # Several modes run in turn: `bash benchmarks/run_on_h200.sh checks bench`. Any H100/H200 card works; results
 # name the card, and tuned files are written per GPU model.
@@ -57,7 +58,7 @@ case "$mode" in
     cp nanovllm/attention/tuned/*.json "$OUT/"
     ;;
   bench)
-    for kv in auto int8 fp8; do
+    for kv in ${BENCH_KV:-auto int8 fp8}; do
       timeout 100 python bench.py --kv-cache-dtype "$kv" --repeat 3 --out "$OUT/bench-$kv.json" 2>&1 | tail -1
     done
     ;;
@@ -125,12 +126,15 @@ case "$mode" in
   runbatch)
     timeout 200 python benchmarks/bench_run_batch.py --out "$OUT/run-batch-short.json" 2>&1 | tail -1
     ;;
+  interrupt)   # issue 44: SIGINT 3 s into the short workload, then the same greedy tokens as before it
+    timeout 150 python benchmarks/check_interrupt.py --out "$OUT/interrupt.json" 2>&1 | grep -v rejected | tail -3
+    ;;
   codemodel)   # the weights stay on the machine: measure with them in the same call
     timeout 500 python -m nanovllm.demo.train_code --minutes 7 --out /tmp/code-qwen3 2>&1 | tail -2
     cp /tmp/code-qwen3/training.json /tmp/code-qwen3/training.png "$OUT/" 2>/dev/null
     ;;
   *) echo "usage: $0 MODE... (checks kernels quick tune attention store bench workloads profile awq awq-sweep awq-e2e"\
-       "regress prefill archs moe runbatch codemodel)"; exit 2 ;;
+       "regress prefill archs moe runbatch interrupt codemodel)"; exit 2 ;;
 esac
 tar czf "$ARCHIVE_DIR/results.tgz" -C "$OUT" .
 done
