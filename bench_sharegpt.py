@@ -6,9 +6,9 @@ convention; ignore_eos so every request produces it). By default it reads the sm
 repository (benchmarks/data/sharegpt_format_sample.json, NOT the real ShareGPT data: pass that with
 --dataset). The AWQ configuration uses --awq-model, or random AWQ weights for a dummy model, or quantizes
 the model first (python -m nanovllm.quant.awq_quantize). Each configuration (bf16 / int8 / fp8 KV cache,
-AWQ weights) runs in its own process and reports throughput, TTFT and TPOT (mean and p99), KV capacity in
-tokens and peak memory. Writes JSON (and a PNG chart when matplotlib is installed) under
-benchmark_results/sharegpt/.
+AWQ weights; `--configs spec`: bf16 with n-gram speculative decoding, for trained weights) runs in its own
+process and reports throughput, TTFT and TPOT (mean and p99), KV capacity in tokens and peak memory. Writes
+JSON (and a PNG chart when matplotlib is installed) under benchmark_results/sharegpt/.
 """
 import argparse
 import json
@@ -21,7 +21,9 @@ import time
 from datetime import datetime, timezone
 
 SAMPLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "benchmarks", "data", "sharegpt_format_sample.json")
-CONFIGS = {"bf16": {}, "int8": {"kv_cache_dtype": "int8"}, "fp8": {"kv_cache_dtype": "fp8"}, "awq": {"awq": True}}
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+CONFIGS = {"bf16": {}, "int8": {"kv_cache_dtype": "int8"}, "fp8": {"kv_cache_dtype": "fp8"}, "awq": {"awq": True},
+           "spec": {"speculative_config": NGRAM}}
 
 
 def load_requests(path: str, tokenizer, num_prompts: int, seed: int, max_model_len: int):
@@ -76,7 +78,10 @@ def run_one(args) -> dict:
     tpot = [(o["metrics"]["finish_time"] - o["metrics"]["first_token_time"]) / (len(o["token_ids"]) - 1)
             for o in outs if len(o["token_ids"]) > 1]
     cuda = torch.cuda.is_available()
-    return {"config": args.run_one, "num_requests": len(requests), "seconds": seconds,
+    drafts = [(o["metrics"].get("num_draft_tokens", 0), o["metrics"].get("num_accepted_tokens", 0)) for o in outs]
+    spec = {"draft_tokens": sum(d for d, _ in drafts), "accepted_tokens": sum(a for _, a in drafts)} \
+        if "speculative_config" in settings else {}
+    return spec | {"config": args.run_one, "num_requests": len(requests), "seconds": seconds,
             "output_tokens": sum(len(o["token_ids"]) for o in outs),
             "tokens_per_s": sum(len(o["token_ids"]) for o in outs) / seconds,
             "ttft_mean_s": sum(ttft) / len(ttft), "ttft_p99_s": percentile(ttft, 99),
@@ -121,7 +126,7 @@ def main():
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--awq-model", default=None, help="an AWQ checkpoint for the 'awq' configuration")
-    parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    parser.add_argument("--configs", nargs="+", default=[c for c in CONFIGS if c != "spec"], choices=list(CONFIGS))
     parser.add_argument("--out", default=None)
     parser.add_argument("--run-one", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()

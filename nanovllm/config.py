@@ -19,6 +19,47 @@ LOAD_FORMATS = ("auto", "dummy")
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash_attn")
 
 
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding by prompt lookup, as vLLM's `speculative_config={"method": "ngram", ...}`: the
+    last n tokens of a sequence (n from prompt_lookup_max down to prompt_lookup_min) are looked up earlier in
+    it, and the k tokens that followed are proposed. Steps with more running sequences than
+    disable_by_batch_size decode without proposals (their batch is large enough to keep the GPU busy)."""
+    method: str = "ngram"
+    num_speculative_tokens: int = 4
+    prompt_lookup_max: int = 5
+    prompt_lookup_min: int = 5
+    disable_by_batch_size: int | None = None
+
+    @classmethod
+    def from_dict(cls, value: dict) -> "SpeculativeConfig":
+        if not isinstance(value, dict):
+            raise ValueError(f"speculative_config must be a dict such as {{'method': 'ngram', "
+                             f"'num_speculative_tokens': 4}}, got {type(value).__name__}")
+        known = [f.name for f in fields(cls)]
+        unknown = sorted(set(value) - set(known))
+        if unknown:
+            raise ValueError(f"speculative_config has unknown key(s) {unknown}; known ones are {known}")
+        _choice("speculative_config['method']", value.get("method", "ngram"), ("ngram",))
+        settings = dict(value)
+        if "num_speculative_tokens" not in settings:
+            raise ValueError("speculative_config needs 'num_speculative_tokens' (draft tokens per step, e.g. 4)")
+        # one of prompt_lookup_min/max given sets the other; neither: 5 and 5
+        lo, hi = settings.get("prompt_lookup_min"), settings.get("prompt_lookup_max")
+        settings["prompt_lookup_min"] = lo if lo is not None else (hi if hi is not None else 5)
+        settings["prompt_lookup_max"] = hi if hi is not None else settings["prompt_lookup_min"]
+        for name in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "disable_by_batch_size"):
+            v = settings.get(name)
+            if v is None and name == "disable_by_batch_size":
+                continue
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"speculative_config['{name}'] must be an integer >= 1, got {v!r}")
+        if settings["prompt_lookup_min"] > settings["prompt_lookup_max"]:
+            raise ValueError(f"speculative_config: prompt_lookup_min={settings['prompt_lookup_min']} is over "
+                             f"prompt_lookup_max={settings['prompt_lookup_max']}")
+        return cls(**settings)
+
+
 def _choice(name: str, value, allowed) -> None:
     if value not in allowed:
         raise ValueError(f"{name}={value!r} is not supported; choose one of {list(allowed)}")
@@ -53,6 +94,7 @@ class Config:
     enable_prefix_caching: bool = True
     enable_cascade_attention: bool = False   # decode reads a prefix shared by every running sequence once per
                                              # step (Triton backend); off until measured on a GPU
+    speculative_config: dict | SpeculativeConfig | None = None   # {"method": "ngram", ...}: SpeculativeConfig
     hf_config: object = field(default=None, repr=False)
     eos_token_ids: tuple[int, ...] = ()
 
@@ -93,6 +135,8 @@ class Config:
         if self.device == "cuda" and self.tensor_parallel_size > torch.cuda.device_count():
             raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size} needs that many GPUs, "
                              f"{torch.cuda.device_count()} visible; set CUDA_VISIBLE_DEVICES or use device='cpu'")
+        if self.speculative_config is not None and not isinstance(self.speculative_config, SpeculativeConfig):
+            self.speculative_config = SpeculativeConfig.from_dict(self.speculative_config)
         self.hf_config = load_hf_config(self.model)
         self.dtype = resolve_dtype(self.dtype, self.hf_config)
         if self.max_model_len > self.hf_config.max_position_embeddings:

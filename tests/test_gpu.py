@@ -196,3 +196,18 @@ def test_awq_greedy_ids_equal_with_and_without_pdl(tmp_path, monkeypatch):
         ids[pdl] = greedy_ids(LLM(str(tmp_path), **kw), prompts, 48)
     pdl_launch.cache_clear()
     assert ids["1"] == ids["0"]
+
+
+def test_speculative_decoding_on_gpu_gives_the_plain_greedy_tokens():
+    """n-gram drafts verified in mixed-step CUDA graphs (and eagerly): the same greedy tokens as without."""
+    prompts = ["Beautiful is better than ugly. Explicit is better than implicit. Beautiful is better than",
+               "Errors should never pass silently. Errors should never", "Special cases aren't"]
+    spec = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+    kw = dict(device="cuda", max_model_len=1024, gpu_memory_utilization=0.3)
+    plain = greedy_ids(LLM(DEMO_MODEL_DIR, **kw), prompts, 60)
+    for eager in (False, True):
+        llm = LLM(DEMO_MODEL_DIR, enforce_eager=eager, speculative_config=spec, **kw)
+        outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=60), use_tqdm=False)
+        assert [o["token_ids"] for o in outs] == plain
+        assert sum(o["metrics"]["num_accepted_tokens"] for o in outs) > 0
+        del llm

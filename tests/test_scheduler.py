@@ -9,10 +9,11 @@ from nanovllm.sampling_params import SamplingParams
 BS = 16
 
 
-def make(num_blocks=16, max_tokens=1024, max_seqs=8, prefix_caching=True):
+def make(num_blocks=16, max_tokens=1024, max_seqs=8, prefix_caching=True, speculative_config=None):
     Sequence.block_size = BS
     cfg = SimpleNamespace(max_num_seqs=max_seqs, max_num_batched_tokens=max_tokens, kvcache_block_size=BS,
-                          enable_prefix_caching=prefix_caching)
+                          enable_prefix_caching=prefix_caching, max_model_len=4096,
+                          speculative_config=speculative_config)
     return Scheduler(cfg, num_blocks)
 
 

@@ -111,12 +111,15 @@ class BlockManager:
         seq.num_computed_tokens = 0
         self.num_hashed_blocks.pop(seq.seq_id, None)
 
+    def _blocks_short(self, seq: Sequence) -> int:
+        return max(0, seq.num_blocks - len(seq.block_table))
+
     def can_append(self, seq: Sequence) -> bool:
-        return len(seq) <= len(seq.block_table) * self.block_size or self.num_free_blocks >= 1
+        return self._blocks_short(seq) <= self.num_free_blocks
 
     def may_append(self, seq: Sequence) -> None:
-        """Make room for the K/V of the token at position len(seq) - 1."""
-        if len(seq) > len(seq.block_table) * self.block_size:
+        """Make room for the K/V of the tokens up to position len(seq) - 1 (the last one, or drafts too)."""
+        for _ in range(self._blocks_short(seq)):
             seq.block_table.append(self._fresh_block())
 
     def commit(self, seq: Sequence, num_tokens: int | None = None) -> None:

@@ -139,9 +139,9 @@ class MixedGraphs:
         self.max_seqs, self.max_blocks = s, (config.max_model_len + self.block_size - 1) // self.block_size
         self.capacity = {n: n // FLAT_BLOCK_M + min(n, s) for n in self.sizes}   # tiles per graph
         tiles = self.capacity[self.sizes[-1]]
-        # staging: [input_ids | positions | slot_mapping | source row] x t, sampled token index x s: int64;
+        # staging: [input_ids | positions | slot_mapping | source row | logit positions] x t: int64;
         # [context_lens s | cu_seqlens_q s + 1 | tile map 2 * tiles | block_tables s * max_blocks]: int32
-        self.len64, self.len32 = 4 * t + s, 2 * s + 1 + 2 * tiles + s * self.max_blocks
+        self.len64, self.len32 = 5 * t, 2 * s + 1 + 2 * tiles + s * self.max_blocks
         self.staging = PinnedDoubleBuffer([(self.len64, torch.int64), (self.len32, torch.int32)], "cuda")
         self.dev64, self.dev32 = self.staging.devices
         self.input_ids, self.positions, self.slots, self.src_rows = self.dev64[:4 * t].view(4, t)
@@ -180,8 +180,9 @@ class MixedGraphs:
         return batch.num_tokens <= self.max_tokens and len(batch.seqs) <= self.max_seqs
 
     def run(self, batch, prev=None) -> torch.Tensor:
-        """Hidden states [len(batch.sample_rows), hidden] at the last token of every sequence whose step
-        reaches its end. A placeholder input token is gathered from `prev`'s sampled ids."""
+        """Hidden states at the step's logit positions (batch.logit_positions): the last token of every
+        sequence whose step reaches its end, and a drafted decode's every position. A placeholder input
+        token is gathered from `prev`'s sampled ids."""
         num_tokens, num_seqs = batch.num_tokens, len(batch.seqs)
         n = next(s for s in self.sizes if s >= num_tokens)
         t, s, bs = self.max_tokens, self.max_seqs, self.block_size
@@ -221,12 +222,12 @@ class MixedGraphs:
         cu[num_seqs + 1:] = num_tokens
         cap = self.capacity[n]
         tiles[:2 * cap] = self.flat_tiles(batch.num_new_tokens, cap).reshape(-1)
-        rows = batch.sample_rows
-        last[:len(rows)] = [cu[r + 1] - 1 for r in rows]
+        read = batch.logit_positions(cu)
+        last[:len(read)] = read
         self.staging.upload([host64, host32])
         if gather:
             src_rows = self.src_rows[:num_tokens]
             self.input_ids[:num_tokens] = torch.where(src_rows >= 0, prev.token_ids[src_rows.clamp(min=0)],
                                                       self.input_ids[:num_tokens])
         self.graphs[n].replay()
-        return self.outputs[self.last_tokens[:len(rows)]]
+        return self.outputs[self.last_tokens[:len(read)]]

@@ -143,25 +143,28 @@ class LLMEngine:
         are read, so the host's bookkeeping for N-1 runs while the GPU computes N. Step N's sequences carry
         a PLACEHOLDER last token until then; its value reaches the GPU directly. A step that runs eagerly
         reads every token from the host, so it waits for the step in flight first."""
+        # drafts are proposed from a sequence's tokens, so a speculative step waits for the step in flight
+        finished = self._drain() if self.scheduler.wants_drafts() else []
         batch = self.scheduler.schedule()
         if not batch.seqs:
-            if self.pending is None:
+            if self.pending is None and not finished:
                 raise RuntimeError("no sequence fits in the KV cache; raise num_kvcache_blocks or lower "
                                    "max_model_len")
-            return self._drain(), 0, "decode"
+            return finished + self._drain(), 0, "decode"
         if self.model_runner.can_launch_async(batch):
             launched = self.model_runner.launch(batch, self.pending)
-            finished = self._drain()
+            finished += self._drain()
             sampled = set(batch.sample_rows)
             self.scheduler.postprocess(batch, [PLACEHOLDER if i in sampled else None
                                                for i in range(len(batch.seqs))])
             self.pending = launched
         else:
-            finished = self._drain()
+            finished += self._drain()
             token_ids, logprobs = self.model_runner.run(batch)
             sampled = self.scheduler.postprocess(batch, token_ids)
             self._attach_logprobs(batch.seqs, logprobs)
-            finished += [seq for seq in sampled if self._check_stop(seq)]
+            num_new = {id(seq): len(t) for seq, t in zip(batch.seqs, token_ids) if isinstance(t, list)}
+            finished += [seq for seq in sampled if self._check_stop(seq, num_new.get(id(seq), 1))]
         return finished, batch.num_tokens, batch.kind
 
     def _drain(self) -> list[Sequence]:
@@ -188,12 +191,18 @@ class LLMEngine:
         for row, (position, entries) in logprobs.prompt.items():
             seqs[row].prompt_logprobs[position:position + len(entries)] = entries
 
-    def _check_stop(self, seq: Sequence) -> bool:
-        """Called once per new token (its value known): timing, then the stop conditions."""
+    def _check_stop(self, seq: Sequence, num_new: int = 1) -> bool:
+        """Called once per step that gave seq new tokens (their values known): timing, then the stop
+        conditions after each new token in turn; tokens after a stop (accepted drafts) are dropped."""
         now = time.perf_counter()
         if seq.first_token_time is None:
             seq.first_token_time = now
+        later = seq.token_ids[len(seq) - num_new + 1:]
+        del seq.token_ids[len(seq) - len(later):]
         reason = self.stop_reason(seq)
+        while not reason and later:
+            seq.token_ids.append(later.pop(0))
+            reason = self.stop_reason(seq)
         if reason:
             seq.finish_time = now
             self.scheduler.finish(seq, reason)
@@ -237,6 +246,9 @@ class LLMEngine:
                "logprobs": None, "prompt_logprobs": None,
                "metrics": {"arrival_time": seq.arrival_time, "first_token_time": seq.first_token_time,
                            "finish_time": seq.finish_time}}
+        if self.config.speculative_config is not None:
+            out["metrics"].update(num_draft_tokens=seq.num_draft_tokens,
+                                  num_accepted_tokens=seq.num_accepted_tokens)
         if params.logprobs is not None:
             out["logprobs"] = seq.logprobs
             out["cumulative_logprob"] = sum(d[t] for d, t in zip(seq.logprobs, seq.completion_token_ids))

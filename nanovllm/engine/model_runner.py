@@ -18,6 +18,7 @@ from nanovllm.engine.scheduler import ScheduledBatch
 from nanovllm.engine.sequence import Sequence
 from nanovllm.engine.tp_worker import WorkerGroup
 from nanovllm.layers.attention import Attention
+from nanovllm.layers.rejection_sampler import verify
 from nanovllm.layers.sampler import Sampler, SamplingTensors
 from nanovllm.models import get_model_class
 from nanovllm.quant import kv as kv_quant
@@ -223,7 +224,7 @@ class ModelRunner:
 
     def _forward(self, batch: ScheduledBatch, prev: PendingStep | None = None):
         """Hidden states, the batch rows to sample, and the metadata (None on a CUDA graph, whose hidden
-        states are already those of the sampled rows' last tokens)."""
+        states are already those of the step's logit positions: batch.logit_positions)."""
         graphs = self._graphs_for(batch)
         if graphs is not None:
             return graphs.run(batch if graphs is self.mixed_graphs else batch.seqs, prev), batch.sample_rows, None
@@ -231,9 +232,8 @@ class ModelRunner:
         with use_metadata(meta):
             return self.model(input_ids, positions), sample_rows, meta
 
-    def _last_tokens(self, meta: AttentionMetadata, sample_rows: list[int]) -> torch.Tensor:
-        return torch.tensor([meta.cu_seqlens_q_cpu[i + 1] - 1 for i in sample_rows], dtype=torch.long,
-                            device=self.device)
+    def _logit_positions(self, batch: ScheduledBatch, meta: AttentionMetadata) -> torch.Tensor:
+        return torch.tensor(batch.logit_positions(meta.cu_seqlens_q_cpu), dtype=torch.long, device=self.device)
 
     @torch.inference_mode()
     def forward_logits(self, batch: ScheduledBatch) -> tuple[torch.Tensor, list[int]]:
@@ -241,7 +241,7 @@ class ModelRunner:
         end, and those sequences' rows in the batch."""
         hidden_states, sample_rows, meta = self._forward(batch)
         if meta is not None:
-            hidden_states = hidden_states[self._last_tokens(meta, sample_rows)]
+            hidden_states = hidden_states[self._logit_positions(batch, meta)]
         return self.model.compute_logits(hidden_states), sample_rows
 
     def run(self, batch: ScheduledBatch, mirror: bool = True) -> tuple[list[int | None], StepLogprobs]:
@@ -275,9 +275,11 @@ class ModelRunner:
             if batch.is_prefill:
                 step_logprobs.prompt = prompt_logprobs(self.model.compute_logits, hidden_states, batch,
                                                        meta.cu_seqlens_q_cpu)
-            hidden_states = hidden_states[self._last_tokens(meta, sample_rows)]
-        token_ids: list[int | None] = [None] * len(batch.seqs)
-        if sample_rows:
+            hidden_states = hidden_states[self._logit_positions(batch, meta)]
+        token_ids: list[int | list[int] | None] = [None] * len(batch.seqs)
+        if sample_rows and batch.num_drafted:
+            step_logprobs.sampled = self._verify(batch, self.model.compute_logits(hidden_states), token_ids)
+        elif sample_rows:
             seqs = [batch.seqs[i] for i in sample_rows]
             logits = self.model.compute_logits(hidden_states)
             # processors change what is sampled; logprobs stay the model's own (vLLM's raw_logprobs)
@@ -288,6 +290,26 @@ class ModelRunner:
                 token_ids[row] = token_id
             step_logprobs.sampled = sampled_dicts(wanted, batch.seqs, token_ids)
         return token_ids, step_logprobs
+
+    def _verify(self, batch: ScheduledBatch, logits: torch.Tensor, token_ids: list) -> dict:
+        """A step with drafts: logits [positions, vocab] hold one position per sampled row and 1 + d for a
+        row with d drafts. Each drafted row gets a list (accepted drafts, then its next token), the others
+        one token; returns the logprob dicts of rows that asked. Rows with drafts never use logits processors
+        or logprobs (the scheduler gives them none), so those concern single-position rows only."""
+        rows = batch.sample_rows
+        seqs = [batch.seqs[r] for r in rows]
+        drafts = [seq.token_ids[len(seq) - seq.num_drafts:] if seq.num_drafts else [] for seq in seqs]
+        last = torch.tensor(np.cumsum([len(d) + 1 for d in drafts]) - 1, device=self.device)
+        raw = logits[last]
+        if needs_processing(seqs):
+            logits[last] = process_logits(raw, seqs).to(logits.dtype)
+        new_tokens = verify(logits, drafts, self.sampling_inputs.tensors(seqs))
+        for row, new in zip(rows, new_tokens):
+            token_ids[row] = new if batch.seqs[row].num_drafts else new[0]
+        wanted = sampled_logprobs(raw, torch.tensor([new[-1] for new in new_tokens], device=self.device),
+                                  batch.seqs, rows)
+        return sampled_dicts(wanted, batch.seqs, [t if t is None or isinstance(t, int) else t[-1]
+                                                  for t in token_ids])
 
     def _graphs_for(self, batch: ScheduledBatch):
         """The CUDA graphs that run this step, or None (eager): decode graphs for decode steps, mixed graphs
@@ -303,8 +325,8 @@ class ModelRunner:
 
     def can_launch_async(self, batch: ScheduledBatch) -> bool:
         """Steps on CUDA graphs can be launched without waiting for the previous step's tokens, unless a
-        request's logits processors need them (penalties, bad words, min_tokens)."""
-        return self._graphs_for(batch) is not None and not needs_processing(batch.seqs)
+        request's logits processors need them (penalties, bad words, min_tokens) or the step verifies drafts."""
+        return self._graphs_for(batch) is not None and not needs_processing(batch.seqs) and not batch.num_drafted
 
     def launch(self, batch: ScheduledBatch, prev: PendingStep | None) -> PendingStep:
         """Enqueue a step on CUDA graphs (inputs, graph, logits, sampling, copy of the ids to the host); no wait.

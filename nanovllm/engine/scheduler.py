@@ -10,13 +10,18 @@ token budget (`max_num_batched_tokens`), as vLLM V1 and SGLang do:
 A step with both is a mixed step: a newcomer's prompt rides along with the running sequences' decodes
 instead of stopping them for a step of its own. Decode rows come first in the batch. A sequence yields a
 new token only when its step reaches its last token.
+
+With speculative decoding (config.speculative_config) a decoding sequence may also carry draft tokens,
+appended to its token_ids for the step: it computes 1 + d tokens like a short prefill chunk (after the
+plain decodes, before the prefill chunks), and postprocess keeps the drafts the model accepted.
 """
 from collections import deque
 from dataclasses import dataclass, field
 
 from nanovllm.config import Config
 from nanovllm.engine.block_manager import BlockManager
-from nanovllm.engine.sequence import Sequence, SequenceStatus
+from nanovllm.engine.ngram import NgramProposer
+from nanovllm.engine.sequence import PLACEHOLDER, Sequence, SequenceStatus
 
 
 @dataclass
@@ -26,11 +31,18 @@ class ScheduledBatch:
     seqs: list[Sequence]
     num_new_tokens: list[int]
     num_decodes: int = 0
+    num_drafted: int = 0     # rows num_decodes .. num_decodes + num_drafted - 1: decodes with drafts
     sample_rows: list[int] = field(init=False)
 
     def __post_init__(self):
         self.sample_rows = [i for i, (seq, n) in enumerate(zip(self.seqs, self.num_new_tokens))
                             if seq.num_computed_tokens + n == len(seq)]
+
+    def logit_positions(self, cu_seqlens_q: list[int]) -> list[int]:
+        """Token indices whose logits the step needs: each sampled row's last token, and a drafted row's
+        positions from its last real token on (one per draft, plus the token after them)."""
+        return [p for r in self.sample_rows
+                for p in range(cu_seqlens_q[r + 1] - 1 - self.seqs[r].num_drafts, cu_seqlens_q[r + 1])]
 
     @property
     def num_tokens(self) -> int:
@@ -38,15 +50,16 @@ class ScheduledBatch:
 
     @property
     def is_prefill(self) -> bool:
-        """Any prefill chunk in the step (a pure prefill or a mixed step): attention runs varlen."""
+        """Any row of several tokens (a prefill chunk, or a decode with drafts): attention runs varlen."""
         return self.num_decodes < len(self.seqs)
 
     @property
     def kind(self) -> str:
-        """'decode', 'prefill' or 'mixed' (both), for step statistics."""
-        if not self.is_prefill:
+        """'decode', 'prefill' or 'mixed' (both), for step statistics (decodes with drafts are decodes)."""
+        decodes = self.num_decodes + self.num_drafted
+        if decodes == len(self.seqs):
             return "decode"
-        return "mixed" if self.num_decodes else "prefill"
+        return "mixed" if decodes else "prefill"
 
 
 class Scheduler:
@@ -60,6 +73,9 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: deque[Sequence] = deque()
         self.num_preemptions = 0
+        self.max_model_len = config.max_model_len
+        spec = config.speculative_config
+        self.proposer = NgramProposer(spec) if spec is not None else None
 
     def is_finished(self) -> bool:
         return not self.waiting and not self.running
@@ -67,33 +83,57 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
+    def wants_drafts(self) -> bool:
+        """Whether the next step speculates: its sequences' last tokens must then be known (not in flight)."""
+        return self.proposer is not None and bool(self.running) and self.proposer.active(len(self.running))
+
     def schedule(self) -> ScheduledBatch:
         """The next batch: decodes, then prefill chunks, under one token budget. Empty only when every
         running sequence is already known to finish and no waiting one fits."""
-        seqs, counts = self._schedule_decodes(self.max_num_batched_tokens)
-        num_decodes = len(seqs)
-        self._schedule_prefills(self.max_num_batched_tokens - num_decodes, seqs, counts)
-        return ScheduledBatch(seqs, counts, num_decodes)
+        plain, drafted = self._schedule_decodes(self.max_num_batched_tokens)
+        seqs = plain + drafted
+        counts = [1] * len(plain) + [1 + seq.num_drafts for seq in drafted]
+        self._schedule_prefills(self.max_num_batched_tokens - sum(counts), seqs, counts)
+        return ScheduledBatch(seqs, counts, len(plain), len(drafted))
 
-    def _schedule_decodes(self, budget: int) -> tuple[list[Sequence], list[int]]:
-        """One token for each running sequence, oldest first, while the budget lasts."""
-        seqs, skipped = [], []
-        while self.running and len(seqs) < budget:
+    def _schedule_decodes(self, budget: int) -> tuple[list[Sequence], list[Sequence]]:
+        """One token for each running sequence, oldest first, while the budget lasts; with speculation, drafts
+        after it where the proposer has some and they fit. Returns (plain decodes, decodes with drafts)."""
+        speculate = self.wants_drafts()
+        scheduled, skipped = [], []
+        while self.running and budget > 0:
             seq = self.running.popleft()
             if seq.will_finish:
                 skipped.append(seq)   # waits for its in-flight token; nothing more to compute
                 continue
+            if speculate:
+                self._add_drafts(seq, budget - 1)
             while not self.block_manager.can_append(seq):
-                if self.running:
+                if seq.num_drafts:
+                    seq.drop_drafts()                  # guesses never take a block from another request
+                elif self.running:
                     self.preempt(self.running.pop())   # the newest request gives way
                 else:
                     self.preempt(seq)
                     break
             else:
                 self.block_manager.may_append(seq)
-                seqs.append(seq)
-        self.running.extendleft(reversed(seqs + skipped))
-        return seqs, [1] * len(seqs)
+                scheduled.append(seq)
+                budget -= 1 + seq.num_drafts
+        self.running.extendleft(reversed(scheduled + skipped))
+        return [s for s in scheduled if not s.num_drafts], [s for s in scheduled if s.num_drafts]
+
+    def _add_drafts(self, seq: Sequence, budget: int) -> None:
+        """Draft tokens for seq from its own history, as many as its max_tokens, max_model_len and the
+        step's token budget allow. None for requests whose tokens go through logits processors or that
+        want logprobs (they sample one token per step)."""
+        params = seq.sampling_params
+        if seq.processes_logits or params.logprobs is not None or seq.token_ids[-1] == PLACEHOLDER:
+            return
+        room = min(params.max_tokens - seq.num_completion_tokens - 1, self.max_model_len - len(seq) - 1, budget)
+        drafts = self.proposer.propose(seq.token_ids, room)
+        if drafts:
+            seq.add_drafts(drafts)
 
     def _schedule_prefills(self, budget: int, seqs: list[Sequence], counts: list[int]) -> None:
         """Waiting sequences in order, under the budget and the free seats; the last one may be a chunk."""
@@ -124,18 +164,25 @@ class Scheduler:
         else:
             self.waiting.appendleft(seq)
 
-    def postprocess(self, batch: ScheduledBatch, token_ids: list[int | None]) -> list[Sequence]:
+    def postprocess(self, batch: ScheduledBatch, token_ids: list[int | list[int] | None]) -> list[Sequence]:
         """Advance counters, register full blocks, append sampled tokens; returns the sequences that
         received a token (token_ids[i] is None for a prefill chunk that does not reach the end)."""
         sampled = []
         for seq, num_new, token_id in zip(batch.seqs, batch.num_new_tokens, token_ids):
+            num_drafts = len(seq.drop_drafts())
             if seq.is_finished:
                 continue      # finished while this step was in flight
-            seq.num_computed_tokens += num_new
-            self.block_manager.commit(seq)
             if token_id is None:
+                seq.num_computed_tokens += num_new
+                self.block_manager.commit(seq)
                 continue
-            seq.append_token(token_id)
+            # a row with drafts gets a list: the drafts the model accepted, then its own next token; the
+            # K/V computed for the last real token and the accepted drafts stay, the rest is overwritten later
+            new = token_id if isinstance(token_id, list) else [token_id]
+            seq.num_accepted_tokens += len(new) - 1
+            seq.num_computed_tokens += num_new - num_drafts + len(new) - 1
+            seq.token_ids += new
+            self.block_manager.commit(seq)
             sampled.append(seq)
         return sampled
 
@@ -150,6 +197,7 @@ class Scheduler:
         doomed = {id(seq) for seq in seqs if not seq.is_finished}
         for seq in seqs:
             if id(seq) in doomed:
+                seq.drop_drafts()
                 seq.status = SequenceStatus.FINISHED
                 seq.finish_reason = "abort"
                 self.block_manager.forget_unwritten(seq)

@@ -39,6 +39,9 @@ class Sequence:
         self.prompt_logprobs: list[dict[int, float] | None] = [None] * len(token_ids)
         self.min_tokens_banned: list[int] = []      # EOS and stop ids, banned until min_tokens are out
         self.bad_words_ids: list[list[int]] = []    # bad_words as token ids (engine/logits_processors.py)
+        self.num_drafts = 0            # draft tokens at the end of token_ids during a speculative step
+        self.num_draft_tokens = 0      # drafts proposed for this request so far (speculative decoding)
+        self.num_accepted_tokens = 0   # of those, the ones the model kept
 
     def __getstate__(self) -> dict:
         """What a tensor-parallel worker needs: no generator, no logprobs collected on rank 0."""
@@ -83,3 +86,18 @@ class Sequence:
 
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)
+
+    def add_drafts(self, draft_ids: list[int]) -> None:
+        """Guesses for the next tokens, computed by this step and kept only as far as the model agrees."""
+        self.token_ids += draft_ids
+        self.num_drafts = len(draft_ids)
+        self.num_draft_tokens += len(draft_ids)
+
+    def drop_drafts(self) -> list[int]:
+        """Remove this step's drafts from token_ids and return them."""
+        if not self.num_drafts:
+            return []
+        drafts = self.token_ids[-self.num_drafts:]
+        del self.token_ids[-self.num_drafts:]
+        self.num_drafts = 0
+        return drafts
