@@ -47,7 +47,7 @@ def main():
                                                           args.group_size, calib.name)),
             "RTN 4-bit": ({}, lambda: quantize_checkpoint(args.model, os.path.join(work, "rtn"), "rtn",
                                                           args.group_size))}
-    kw = dict(max_model_len=args.window + 1, gpu_memory_utilization=0.3)
+    kw = dict(max_model_len=max(args.window, 256 + args.max_tokens) + 1, gpu_memory_utilization=0.3)
     ref = LLM(args.model, **kw)
     table = {}
     for name, (settings, model) in rows.items():

@@ -23,8 +23,9 @@
 #   bash benchmarks/run_on_h200.sh moe       # dummy Qwen3-30B-A3B: batch-1 TPOT (bench_one.py) and bench.py
 #   bash benchmarks/run_on_h200.sh runbatch  # run_batch's loop against LLM.generate on the short workload
 #   bash benchmarks/run_on_h200.sh interrupt # Ctrl-C 3 s into a long generate returns promptly, the engine answers as before
-#   bash benchmarks/run_on_h200.sh codemodel # train the ~76M code model on the stdlib (5 min), then n-gram speculation
-#                                             on code-edit prompts at batch 1/8/64/256 (benchmarks/bench_spec.py)
+#   bash benchmarks/run_on_h200.sh codemodel # train the ~76M code model on the stdlib (4 min), then n-gram speculation
+#                                             on code-edit prompts at batch 1/8/64/256 (benchmarks/bench_spec.py) and
+#                                             the quality table (benchmarks/quality_table.py)
 # Several modes run in turn: `bash benchmarks/run_on_h200.sh checks bench`. Any H100/H200 card works; results
 # name the card, and tuned files are written per GPU model.
 set -o pipefail
@@ -130,10 +131,12 @@ case "$mode" in
   interrupt)   # issue 44: SIGINT 3 s into the short workload, then the same greedy tokens as before it
     timeout 150 python benchmarks/check_interrupt.py --out "$OUT/interrupt.json" 2>&1 | grep -v rejected | tail -3
     ;;
-  codemodel)   # the weights stay on the machine: measured in the same call (training $CODE_MINUTES, default 5)
-    timeout 400 python -m nanovllm.demo.train_code --minutes ${CODE_MINUTES:-5} --out /tmp/code-qwen3 2>&1 | tail -2
+  codemodel)   # the weights stay on the machine: measured in the same call (training $CODE_MINUTES, default 4)
+    timeout 330 python -m nanovllm.demo.train_code --minutes ${CODE_MINUTES:-4} --out /tmp/code-qwen3 2>&1 | tail -2
     cp /tmp/code-qwen3/training.json /tmp/code-qwen3/training.png "$OUT/" 2>/dev/null
-    timeout 180 python benchmarks/bench_spec.py --model /tmp/code-qwen3 --out "$OUT/spec-code-edit.json" 2>&1 \
+    timeout 150 python benchmarks/bench_spec.py --model /tmp/code-qwen3 --out "$OUT/spec-code-edit.json" 2>&1 \
+      | grep -v INFO | cut -c1-300
+    timeout 120 python benchmarks/quality_table.py --model /tmp/code-qwen3 --out "$OUT/quality-code-model.json" 2>&1 \
       | grep -v INFO | cut -c1-300
     ;;
   *) echo "usage: $0 MODE... (checks kernels quick tune attention store bench workloads profile awq awq-sweep awq-e2e"\

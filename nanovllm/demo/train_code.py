@@ -61,7 +61,8 @@ def as_ids(files: list[bytes]) -> torch.Tensor:
     """Files concatenated as byte ids, each followed by EOS."""
     ids = []
     for data in files:
-        ids.append(torch.frombuffer(bytearray(data), dtype=torch.uint8).long())
+        if data:      # torch.frombuffer refuses an empty buffer (an empty __init__.py)
+            ids.append(torch.frombuffer(bytearray(data), dtype=torch.uint8).long())
         ids.append(torch.tensor([EOS]))
     return torch.cat(ids)
 
