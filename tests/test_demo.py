@@ -59,3 +59,8 @@ def test_the_code_model_trainer_writes_a_model_the_engine_runs(tmp_path):
     prompt = llm.get_tokenizer().encode("def main(")
     got = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=12), use_tqdm=False)[0]["token_ids"]
     assert got == hf_greedy(hf, prompt, 12)
+
+
+def test_code_trainer_reads_empty_source_files():
+    from nanovllm.demo.train_code import EOS, as_ids
+    assert as_ids([b"ab", b"", b"c"]).tolist() == [97, 98, EOS, EOS, 99, EOS]
