@@ -29,6 +29,16 @@ def test_propose_ngram_takes_the_longest_suffix_and_its_latest_occurrence():
     assert propose_ngram([4], 3, 1, 3) == [] and propose_ngram([], 3, 1, 3) == []
 
 
+def test_proposer_history_follows_a_growing_sequence():
+    from nanovllm.engine.ngram import NgramProposer
+    proposer = NgramProposer(SpeculativeConfig.from_dict(NGRAM))
+    rng = random.Random(0)
+    seq = Sequence([rng.randrange(5) for _ in range(3)])
+    for _ in range(200):     # tokens appended a few at a time (a running sequence's only change)
+        assert proposer.propose(seq, 3) == propose_ngram(seq.token_ids, 3, 1, 4)
+        seq.token_ids += [rng.randrange(5) for _ in range(rng.randrange(1, 4))]
+
+
 @pytest.mark.parametrize("bad, message", [
     ({"method": "eagle", "num_speculative_tokens": 2}, "choose one of ['ngram']"),
     ({"method": "ngram"}, "needs 'num_speculative_tokens'"),

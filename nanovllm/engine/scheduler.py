@@ -131,7 +131,7 @@ class Scheduler:
         if seq.processes_logits or params.logprobs is not None or seq.token_ids[-1] == PLACEHOLDER:
             return
         room = min(params.max_tokens - seq.num_completion_tokens - 1, self.max_model_len - len(seq) - 1, budget)
-        drafts = self.proposer.propose(seq.token_ids, room)
+        drafts = self.proposer.propose(seq, room)
         if drafts:
             seq.add_drafts(drafts)
 
