@@ -127,3 +127,18 @@ def test_failed_start_leaves_no_worker(tmp_path):
     with pytest.raises(ValueError, match="max_model_len"):
         LLM(str(tmp_path), num_kvcache_blocks=2, tensor_parallel_size=2, **KW)    # cache too small
     assert multiprocessing.active_children() == []
+
+
+def test_tp2_with_speculative_decoding(tmp_path):
+    """Drafted rows reach the workers inside the pickled sequences; the tokens equal TP=1 without drafts."""
+    make_tiny_model(str(tmp_path), num_heads=4, num_kv_heads=2, head_dim=32)
+    ps = [p * 4 for p in prompts([5, 7, 3], seed=5)]          # repeated motifs: lookups find drafts
+    tp1 = generate(LLM(str(tmp_path), num_kvcache_blocks=64, **KW), ps, max_tokens=24)
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+    llm = LLM(str(tmp_path), num_kvcache_blocks=64, tensor_parallel_size=2, speculative_config=spec, **KW)
+    try:
+        outs = generate(llm, ps, max_tokens=24)
+        assert [o["token_ids"] for o in outs] == [o["token_ids"] for o in tp1]
+        assert sum(o["metrics"]["num_accepted_tokens"] for o in outs) > 0
+    finally:
+        llm.shutdown()
