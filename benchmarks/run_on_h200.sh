@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # What to run on the H200 (device tool), each mode one call of under 10 minutes; results land in $OUT
 # (copy them to benchmark_results/ afterwards and re-render README with nanovllm.tools.render_results).
-#   bash benchmarks/run_on_h200.sh checks    # GPU tests: engine vs CPU, logprobs, AWQ
+#   bash benchmarks/run_on_h200.sh checks    # GPU tests: engine vs CPU, logprobs, AWQ, architectures (MoE kernels),
+#                                             speculative decoding
 #   bash benchmarks/run_on_h200.sh kernels   # kernel grid at real sizes (store/prefill/decode x dtypes x KV kinds;
 #                                             KERNELS_K="decode" picks tests by name)
 #   bash benchmarks/run_on_h200.sh quick     # decode attention on bench-like lengths, bench.py bf16
@@ -41,7 +42,8 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
 for mode in "${@:-checks}"; do
 case "$mode" in
   checks)
-    timeout 400 python -m pytest -q -p no:cacheprovider tests/test_gpu.py tests/awq \
+    timeout 420 python -m pytest -q -p no:cacheprovider tests/test_gpu.py tests/awq tests/test_architectures.py \
+      tests/test_speculative.py tests/kernels/test_triton_moe.py \
       2>&1 | tee "$OUT/gpu_tests.log" | tail -15
     ;;
   kernels)

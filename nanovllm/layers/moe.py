@@ -8,7 +8,8 @@ w2 [num_experts, hidden, intermediate], each expert's tensors loaded from the ch
 `experts.<e>.{gate,up,down}_proj.weight`. Under tensor parallelism every rank holds the same slice of every
 expert's intermediate dimension (gate/up rows, down columns) and the partial outputs are summed
 (all_reduce), as RowParallelLinear does. `fused_moe_ref` is the plain-PyTorch definition: the tokens of
-each expert gathered, its MLP applied, the results scattered back weighted.
+each expert gathered, its MLP applied, the results scattered back weighted. On CUDA, triton_moe.fused_moe
+computes the same in two grouped GEMMs over all experts, with no host sync (CUDA graphs can hold it).
 """
 import torch
 import torch.nn.functional as F
@@ -75,4 +76,7 @@ class FusedMoE(nn.Module):
 
     def forward(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         weights, ids = select_experts(router_logits, self.top_k, self.renormalize)
+        if x.is_cuda:
+            from nanovllm.layers.triton_moe import fused_moe
+            return all_reduce(fused_moe(x, self.w13_weight, self.w2_weight, weights, ids))
         return all_reduce(fused_moe_ref(x, self.w13_weight, self.w2_weight, weights, ids))

@@ -157,10 +157,7 @@ class DecoderForCausalLM(nn.Module):
     Subclasses (models/__init__.py) set `spec`."""
     spec = ArchSpec()
 
-    @property
-    def supports_cuda_graphs(self) -> bool:
-        """MoE layers read on the host which experts a step uses (layers/moe.py): no graph can hold that."""
-        return not self.spec.moe
+    supports_cuda_graphs = True     # MoE layers too: on CUDA their routing stays on the device (triton_moe.py)
     packed_modules_mapping = {
         "q_proj": ("qkv_proj", "q"),
         "k_proj": ("qkv_proj", "k"),

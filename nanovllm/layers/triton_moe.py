@@ -1,0 +1,125 @@
+"""Fused mixture-of-experts for the GPU: tokens sorted by expert, two grouped GEMMs over all experts.
+
+`fused_moe_ref` (moe.py) loops over experts on the host; here one launch covers every expert:
+1. moe_align: the step's (token, slot) pairs, as flat indices p = token * top_k + slot, sorted by expert,
+   each expert's run padded to a multiple of BLOCK_M with the index num_pairs (no token). Block b (rows
+   b * BLOCK_M ...) then belongs to one expert, block_experts[b] (-1 past the last run). All of it is
+   computed on the device with sizes fixed by the worst case (num_pairs + num_experts * (BLOCK_M - 1)
+   rows), so the host never waits and a CUDA graph can hold it.
+2. gate_up: a program per (block, BLOCK_N columns of the intermediate) multiplies its tokens' rows of x
+   by its expert's gate and up rows of w13 and writes silu(gate) * up to h[p] (SiLU-and-multiply fused).
+3. down: a program per (block, BLOCK_N columns of hidden) multiplies h[p] by its expert's w2 and writes
+   the result times the router weight of p to y[p].
+4. out = y.view(num_tokens, top_k, hidden).sum(1).
+Each program reads only its own tokens and its own expert's weights; blocks past the runs return at once.
+"""
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["fused_moe", "moe_align"]
+
+
+def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """topk_ids [num_tokens, top_k] -> (sorted pair ids [max_rows] int32, padded with num_pairs;
+    block_experts [max_rows / block_m] int32, -1 for blocks past the last expert's run)."""
+    flat = topk_ids.flatten().long()
+    pairs = flat.numel()
+    counts = torch.zeros(num_experts, dtype=torch.long, device=flat.device).scatter_add_(0, flat, torch.ones_like(flat))
+    padded = (counts + block_m - 1) // block_m * block_m
+    ends = padded.cumsum(0)
+    order = torch.argsort(flat, stable=True)                      # pair ids grouped by expert
+    experts = flat[order]
+    rank = torch.arange(pairs, device=flat.device) - (counts.cumsum(0) - counts)[experts]   # place in its run
+    max_rows = triton.cdiv(pairs + num_experts * (block_m - 1), block_m) * block_m
+    sorted_ids = torch.full((max_rows,), pairs, dtype=torch.int32, device=flat.device)
+    sorted_ids[(ends - padded)[experts] + rank] = order.to(torch.int32)
+    block_starts = torch.arange(0, max_rows, block_m, device=flat.device)
+    block_experts = torch.searchsorted(ends, block_starts, right=True)
+    block_experts = torch.where(block_experts < num_experts, block_experts, -1).to(torch.int32)
+    return sorted_ids, block_experts
+
+
+@triton.jit
+def _gate_up_kernel(x_ptr, w_ptr, h_ptr, sorted_ptr, experts_ptr, num_pairs, K, N, stride_x, stride_we, stride_wn,
+                    TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+    expert = tl.load(experts_ptr + pid_m)
+    if expert < 0:
+        return
+    pair = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    valid = pair < num_pairs
+    token = (pair // TOP_K).to(tl.int64)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    w_base = w_ptr + expert.to(tl.int64) * stride_we
+    acc_gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        k_ok = ks < K
+        a = tl.load(x_ptr + token[:, None] * stride_x + ks[None, :], mask=valid[:, None] & k_ok[None, :], other=0.0)
+        w_mask = k_ok[:, None] & col_ok[None, :]
+        gate = tl.load(w_base + cols[None, :] * stride_wn + ks[:, None], mask=w_mask, other=0.0)        # [K, N]
+        up = tl.load(w_base + (N + cols[None, :]) * stride_wn + ks[:, None], mask=w_mask, other=0.0)
+        acc_gate = tl.dot(a, gate, acc_gate)
+        acc_up = tl.dot(a, up, acc_up)
+    dtype = h_ptr.dtype.element_ty
+    gate, up = acc_gate.to(dtype).to(tl.float32), acc_up.to(dtype).to(tl.float32)   # rounded as the reference
+    h = (gate * tl.sigmoid(gate)).to(dtype).to(tl.float32) * up
+    tl.store(h_ptr + pair.to(tl.int64)[:, None] * N + cols[None, :], h.to(dtype), mask=valid[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def _down_kernel(h_ptr, w_ptr, y_ptr, weights_ptr, sorted_ptr, experts_ptr, num_pairs, K, N, stride_we, stride_wn,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+    expert = tl.load(experts_ptr + pid_m)
+    if expert < 0:
+        return
+    pair = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    valid = pair < num_pairs
+    row = pair.to(tl.int64)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    w_base = w_ptr + expert.to(tl.int64) * stride_we
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        k_ok = ks < K
+        a = tl.load(h_ptr + row[:, None] * K + ks[None, :], mask=valid[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(w_base + cols[None, :] * stride_wn + ks[:, None], mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+        acc = tl.dot(a, w, acc)
+    dtype = y_ptr.dtype.element_ty
+    weight = tl.load(weights_ptr + row, mask=valid, other=0.0).to(dtype).to(tl.float32)
+    y = acc.to(dtype).to(tl.float32) * weight[:, None]
+    tl.store(y_ptr + row[:, None] * N + cols[None, :], y.to(dtype), mask=valid[:, None] & col_ok[None, :])
+
+
+def _block_m(num_pairs: int, num_experts: int) -> int:
+    """Rows per block: small when few pairs reach each expert (decode), larger for prefill."""
+    per_expert = num_pairs / num_experts
+    return 16 if per_expert <= 16 else 32 if per_expert <= 64 else 64
+
+
+def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+              topk_ids: torch.Tensor) -> torch.Tensor:
+    """x [num_tokens, hidden], w13 [experts, 2 * inter, hidden], w2 [experts, hidden, inter] -> [num_tokens,
+    hidden]: what fused_moe_ref computes."""
+    num_tokens, hidden = x.shape
+    num_experts, inter = w2.shape[0], w2.shape[2]
+    top_k = topk_ids.shape[1]
+    pairs = num_tokens * top_k
+    block_m = _block_m(pairs, num_experts)
+    sorted_ids, block_experts = moe_align(topk_ids, num_experts, block_m)
+    x, w13, w2 = x.contiguous(), w13.contiguous(), w2.contiguous()
+    h = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
+    block_n, block_k = 64, 64
+    grid = (len(block_experts), triton.cdiv(inter, block_n))
+    _gate_up_kernel[grid](x, w13, h, sorted_ids, block_experts, pairs, hidden, inter, x.stride(0), w13.stride(0),
+                          w13.stride(1), TOP_K=top_k, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
+    y = torch.empty(pairs, hidden, dtype=x.dtype, device=x.device)
+    grid = (len(block_experts), triton.cdiv(hidden, block_n))
+    _down_kernel[grid](h, w2, y, topk_weights.flatten().float().contiguous(), sorted_ids, block_experts, pairs, inter,
+                       hidden, w2.stride(0), w2.stride(1), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
+    return y.view(num_tokens, top_k, hidden).sum(dim=1, dtype=torch.float32).to(x.dtype)

@@ -1,0 +1,52 @@
+"""The fused MoE kernels (token sorting, grouped gate_up GEMM with SiLU-and-multiply, grouped down GEMM)
+against fused_moe_ref."""
+import pytest
+import torch
+
+from nanovllm.layers.moe import fused_moe_ref, select_experts
+
+triton = pytest.importorskip("triton")
+from nanovllm.layers.triton_moe import fused_moe, moe_align  # noqa: E402
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+DTYPES = [torch.bfloat16, torch.float16] if CUDA else [torch.float32]
+TOL = {torch.float32: dict(atol=1e-4, rtol=1e-4), torch.float16: dict(atol=2e-3, rtol=2e-2),
+       torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
+# (tokens, experts, top_k, hidden, intermediate): Qwen3-30B-A3B's layer on a GPU (128 experts, top 8,
+# 2048 hidden, 768 intermediate), tiny ones in the interpreter
+SHAPES = ([(1, 128, 8, 2048, 768), (7, 128, 8, 2048, 768), (300, 128, 8, 2048, 768), (64, 8, 2, 512, 320)] if CUDA
+          else [(1, 4, 2, 64, 32), (5, 8, 2, 64, 48), (40, 4, 3, 32, 80)])
+
+
+@pytest.mark.parametrize("num_tokens, num_experts, top_k", [(1, 4, 2), (9, 8, 3), (50, 6, 2), (3, 64, 8)])
+@pytest.mark.parametrize("block_m", [16, 64])
+def test_moe_align_puts_each_pair_once_in_its_experts_block(num_tokens, num_experts, top_k, block_m):
+    torch.manual_seed(num_tokens)
+    ids = torch.stack([torch.randperm(num_experts)[:top_k] for _ in range(num_tokens)]).to(DEVICE)
+    sorted_ids, block_experts = moe_align(ids, num_experts, block_m)
+    pairs = num_tokens * top_k
+    real = sorted_ids[sorted_ids < pairs]
+    assert sorted(real.tolist()) == list(range(pairs))                       # every pair exactly once
+    for b, expert in enumerate(block_experts.tolist()):
+        block = sorted_ids[b * block_m:(b + 1) * block_m]
+        inside = block[block < pairs].long()
+        if expert < 0:
+            assert len(inside) == 0
+        else:
+            assert len(inside) > 0 and (ids.flatten()[inside] == expert).all()
+    used = (block_experts >= 0).sum().item()
+    assert used == sum(-(-int((ids == e).sum()) // block_m) for e in range(num_experts))   # no empty block
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("num_tokens, num_experts, top_k, hidden, inter", SHAPES)
+def test_fused_moe_matches_reference(dtype, num_tokens, num_experts, top_k, hidden, inter):
+    torch.manual_seed(num_tokens + hidden)
+    x = torch.randn(num_tokens, hidden, device=DEVICE).to(dtype)
+    w13 = (torch.randn(num_experts, 2 * inter, hidden, device=DEVICE) / hidden ** 0.5).to(dtype)
+    w2 = (torch.randn(num_experts, hidden, inter, device=DEVICE) / inter ** 0.5).to(dtype)
+    weights, ids = select_experts(torch.randn(num_tokens, num_experts, device=DEVICE), top_k, True)
+    got = fused_moe(x, w13, w2, weights, ids)
+    want = fused_moe_ref(x.float(), w13.float(), w2.float(), weights, ids).to(dtype)
+    torch.testing.assert_close(got, want, **TOL[dtype])
