@@ -205,3 +205,19 @@ def test_speculation_turns_off_above_disable_by_batch_size(model):
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=10, ignore_eos=True), use_tqdm=False)
     drafted = [o["metrics"]["num_draft_tokens"] for o in outs]
     assert sum(drafted) == 0     # six running at once, all decoding together: no step speculated
+
+
+def test_no_drain_for_drafts_when_no_running_request_may_have_them():
+    """Requests with logprobs never get drafts, so a step of only such requests keeps its asynchronous
+    launch (wants_drafts is what makes the engine wait for the step in flight)."""
+    Sequence.block_size = 16
+    cfg = SimpleNamespace(max_num_seqs=4, max_num_batched_tokens=64, kvcache_block_size=16, enable_prefix_caching=True,
+                          max_model_len=256, speculative_config=SpeculativeConfig.from_dict(NGRAM))
+    sched = Scheduler(cfg, 8)
+    seq = Sequence([1, 2, 1, 2], SamplingParams(max_tokens=20, logprobs=1))
+    sched.add(seq)
+    sched.postprocess(sched.schedule(), [1])
+    assert not sched.wants_drafts()
+    sched.add(Sequence([1, 2, 1, 2], SamplingParams(max_tokens=20)))
+    sched.postprocess(sched.schedule(), [None, 1])
+    assert sched.wants_drafts()

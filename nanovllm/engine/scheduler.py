@@ -85,7 +85,13 @@ class Scheduler:
 
     def wants_drafts(self) -> bool:
         """Whether the next step speculates: its sequences' last tokens must then be known (not in flight)."""
-        return self.proposer is not None and bool(self.running) and self.proposer.active(len(self.running))
+        return (self.proposer is not None and self.proposer.active(len(self.running))
+                and any(map(self._may_draft, self.running)))
+
+    @staticmethod
+    def _may_draft(seq: Sequence) -> bool:
+        """Requests whose tokens go through logits processors or that want logprobs sample one token per step."""
+        return not seq.processes_logits and seq.sampling_params.logprobs is None
 
     def schedule(self) -> ScheduledBatch:
         """The next batch: decodes, then prefill chunks, under one token budget. Empty only when every
@@ -125,10 +131,9 @@ class Scheduler:
 
     def _add_drafts(self, seq: Sequence, budget: int) -> None:
         """Draft tokens for seq from its own history, as many as its max_tokens, max_model_len and the
-        step's token budget allow. None for requests whose tokens go through logits processors or that
-        want logprobs (they sample one token per step)."""
+        step's token budget allow."""
         params = seq.sampling_params
-        if seq.processes_logits or params.logprobs is not None or seq.token_ids[-1] == PLACEHOLDER:
+        if not self._may_draft(seq) or seq.token_ids[-1] == PLACEHOLDER:
             return
         room = min(params.max_tokens - seq.num_completion_tokens - 1, self.max_model_len - len(seq) - 1, budget)
         drafts = self.proposer.propose(seq, room)
