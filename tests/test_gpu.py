@@ -159,6 +159,20 @@ def test_logprobs_on_gpu_match_cpu():
             assert all(abs(dc[t] - dg[t]) < 0.05 + 0.03 * abs(dc[t]) for t in set(dc) & set(dg)), (dc, dg)
 
 
+def test_logits_processors_on_gpu_match_cpu():
+    """Penalties, logit_bias, bad_words and min_tokens (steps not launched ahead: the processors read the
+    tokens), beside plain requests in the same batch, give the CPU's greedy tokens."""
+    prompts = ["Beautiful is better than", "Errors should never", "Special cases aren't", "Now is"]
+    params = [SamplingParams(temperature=0, max_tokens=40, repetition_penalty=1.3, presence_penalty=0.5),
+              SamplingParams(temperature=0, max_tokens=40, frequency_penalty=0.7, logit_bias={101: 3.0}),
+              SamplingParams(temperature=0, max_tokens=40, bad_words=["is", "the"], min_tokens=30),
+              SamplingParams(temperature=0, max_tokens=40)]
+    cpu = LLM(DEMO_MODEL_DIR, device="cpu", max_model_len=1024).generate(prompts, params, use_tqdm=False)
+    gpu = LLM(DEMO_MODEL_DIR, device="cuda", max_model_len=1024, gpu_memory_utilization=0.3).generate(
+        prompts, params, use_tqdm=False)
+    assert [o["token_ids"] for o in gpu] == [o["token_ids"] for o in cpu]
+
+
 @pytest.mark.parametrize("kv_cache_dtype", ["int8", "fp8"])
 def test_quantized_kv_on_gpu_equals_cpu_and_keeps_graphs(kv_cache_dtype):
     prompts = ["Beautiful is better than", "Errors should never", "Special cases aren't"]
