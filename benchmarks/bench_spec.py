@@ -69,6 +69,9 @@ def main():
     parser.add_argument("--lookup", type=int, nargs=2, default=[2, 5], metavar=("MIN", "MAX"))
     parser.add_argument("--out", default=results_path("spec", "code-edit.json"))
     args = parser.parse_args()
+    if not os.path.isfile(os.path.join(args.model, "config.json")):
+        parser.error(f"--model {args.model!r} is not a model directory (no config.json); train one with "
+                     f"`python -m nanovllm.demo.train_code`")
     prompts = code_edit_prompts(max(args.batches), args.prompt_bytes)
     spec = {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_min": args.lookup[0],
             "prompt_lookup_max": args.lookup[1]}

@@ -34,6 +34,9 @@ def main():
     parser.add_argument("--group-size", type=int, default=128, help="4-bit rows: weights per scale")
     parser.add_argument("--out", default=results_path("quality", "code-model.json"))
     args = parser.parse_args()
+    if not os.path.isfile(os.path.join(args.model, "config.json")):
+        parser.error(f"--model {args.model!r} is not a model directory (no config.json); train one with "
+                     f"`python -m nanovllm.demo.train_code`")
     train, held_out = stdlib_sources()
     ids = as_ids(held_out)[:args.tokens].tolist()
     prompts = [ids[i:i + 256] for i in range(0, len(ids) - 256, max(256, len(ids) // args.prompts))][:args.prompts]

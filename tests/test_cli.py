@@ -18,6 +18,8 @@ BAD = [
     ["-m", "nanovllm.tools.render_results", "--root", "/nonexistent"],
     ["-m", "nanovllm.run_batch", "-i", "/nonexistent.jsonl", "-o", "-", "--model", "nanovllm/demo/zen-qwen3"],
     ["-m", "nanovllm.run_batch", "-i", "README.md", "-o", "-", "--model", "/nonexistent"],
+    ["benchmarks/bench_spec.py", "--model", "/nonexistent"],
+    ["benchmarks/quality_table.py", "--model", "/nonexistent"],
 ]
 
 
