@@ -23,22 +23,19 @@ MARKER = b"\n\n# ---- the same code, edited ----\n"
 
 
 def code_edit_prompts(count: int, size: int = 1500) -> list[list[int]]:
-    """count prompts as byte ids, from held-out files (several windows per file when they are long)."""
+    """count prompts as byte ids: windows of held-out files (the first window of every file, then the
+    second, ...), each cut to start at a line; used again from the first when the files run out."""
     _, held_out = stdlib_sources()
-    prompts = []
-    while len(prompts) < count:
+    windows = []
+    for start in range(0, max(map(len, held_out)), size):
         for data in held_out:
-            start = len(prompts) // len(held_out) * size
             window = data[start:start + size]
             cut = window.find(b"\n")
             window = window[cut + 1:] if cut >= 0 else window
-            if len(window) < size // 2:
-                continue
-            head = b"\n".join(window.split(b"\n")[:2]) + b"\n"
-            prompts.append(list(window + MARKER + head))
-            if len(prompts) == count:
-                break
-    return prompts
+            if len(window) >= size // 2:
+                head = b"\n".join(window.split(b"\n")[:2]) + b"\n"
+                windows.append(list(window + MARKER + head))
+    return [windows[i % len(windows)] for i in range(count)]
 
 
 def run(llm, prompts: list[list[int]], max_tokens: int) -> dict:
