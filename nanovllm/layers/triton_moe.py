@@ -114,10 +114,12 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     sorted_ids, block_experts = moe_align(topk_ids, num_experts, block_m)
     x, w13, w2 = x.contiguous(), w13.contiguous(), w2.contiguous()
     h = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
-    block_n, block_k = 64, 64
+    # decode: few experts active, each with a row or two; narrower column tiles give the GPU more programs
+    block_n, block_k = (32 if block_m == 16 else 64), 64
     grid = (len(block_experts), triton.cdiv(inter, block_n))
     _gate_up_kernel[grid](x, w13, h, sorted_ids, block_experts, pairs, hidden, inter, x.stride(0), w13.stride(0),
                           w13.stride(1), TOP_K=top_k, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
+    block_n = 64
     y = torch.empty(pairs, hidden, dtype=x.dtype, device=x.device)
     grid = (len(block_experts), triton.cdiv(hidden, block_n))
     _down_kernel[grid](h, w2, y, topk_weights.flatten().float().contiguous(), sorted_ids, block_experts, pairs, inter,
