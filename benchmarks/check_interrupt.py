@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 import time
+from datetime import datetime, timezone
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the repository root
 from bench import make_workload, resolve_model  # noqa: E402
@@ -56,7 +57,11 @@ def main():
     idle = (not scheduler.waiting and not scheduler.running
             and len(scheduler.block_manager.free_block_ids) == len(scheduler.block_manager.blocks))
     after = answer()
-    record = {"interrupted": interrupted, "signal_after_s": round(sent.get("at", returned) - started, 3),
+    import torch
+    record = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+              "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "command": "python " + " ".join(sys.argv), "interrupted": interrupted,
+              "signal_after_s": round(sent.get("at", returned) - started, 3),
               "returned_after_signal_ms": round(1e3 * (returned - sent.get("at", returned)), 1),
               "engine_idle_after": idle, "same_tokens_as_fresh": after == before}
     save_record(record, args.out)

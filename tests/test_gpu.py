@@ -89,7 +89,7 @@ def test_every_mixed_graph_size_matches_eager(tmp_path):
             ids, positions, meta, eager_rows = runner.prepare(batch)
             with use_metadata(meta):
                 hidden = runner.model(ids, positions)
-            eager_logits = runner.model.compute_logits(hidden[runner._last_tokens(meta, eager_rows)])
+            eager_logits = runner.model.compute_logits(hidden[runner._logit_positions(batch, meta)])
         assert rows == eager_rows == batch.sample_rows
         torch.testing.assert_close(graph_logits, eager_logits, atol=2e-3, rtol=2e-3)
         for seq in seqs:
