@@ -7,7 +7,8 @@ Workloads (prompt ids random in [0, 10000), random.seed(0), temperature 0.6, ign
 - long: 64 requests, prompts randint(8k, 16k), outputs randint(200, 500);
 - prefix: 512 requests sharing one 4,000-token prefix plus randint(20, 100) own tokens, 128 outputs;
 - sharegpt: the shipped ShareGPT-format sample (bench_sharegpt.py's reading of it), its reply lengths.
-One warm-up generate; the timed run counts prefill and decode; throughput = output tokens / seconds.
+One warm-up generate (its second step an eager mixed one); the timed run counts prefill and decode;
+throughput = output tokens / seconds.
 `--repeat N` times N runs on the same engine (prefix cache reset between them) and reports the median.
 Engine settings are the Config defaults unless given (--max-num-seqs, --max-num-batched-tokens); the
 model length is the workload's longest request.
@@ -149,6 +150,7 @@ def resolve_model(path: str) -> tuple[str, str]:
 
 def run_nanovllm(args, model, load_format, w: Workload) -> dict:
     from nanovllm import LLM, SamplingParams
+    from nanovllm.engine.cuda_graph import MIXED_MAX_TOKENS
     started = time.perf_counter()
     settings = {k: v for k, v in (("max_num_seqs", args.max_num_seqs),
                                   ("max_num_batched_tokens", args.max_num_batched_tokens)) if v is not None}
@@ -158,8 +160,15 @@ def run_nanovllm(args, model, load_format, w: Workload) -> dict:
               enable_cascade_attention=args.enable_cascade_attention, **settings)
     startup_s = time.perf_counter() - started
     params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=n) for n in w.max_tokens]
-    # warm-up on a slice of the workload itself, so kernel compilation stays out of the timed run
-    warm = w.prompts[:8]
+    # warm-up on a slice of the workload itself, so kernel compilation stays out of the timed run: prompts
+    # until they overflow one step's budget by more than a graph's tokens, so that the second step is an
+    # eager mixed step (decode rows and a long prefill chunk), the path of a large batch's first steps
+    warm, tokens = [], 0
+    for prompt in w.prompts:
+        warm.append(prompt)
+        tokens += len(prompt)
+        if len(warm) >= 8 and tokens > llm.config.max_num_batched_tokens + MIXED_MAX_TOKENS:
+            break
     llm.generate(warm, [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=8)] * len(warm), use_tqdm=False)
     torch.cuda.synchronize() if torch.cuda.is_available() else None
     runs = []
