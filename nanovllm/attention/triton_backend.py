@@ -45,5 +45,5 @@ class TritonBackend:
         out = torch.empty_like(q)
         decode_attention(q[:n], cache, meta.block_tables[:n], meta.context_lens[:n], scale, meta.num_decode_splits,
                          order=meta.decode_order, out=out[:n])
-        return prefill_attention(q, cache, meta.block_tables[n:], meta.context_lens[n:], meta.cu_seqlens_q[n:],
-                                 meta.max_seqlen_q, scale, out=out)
+        return prefill_attention(q, cache, meta.block_tables, meta.context_lens, meta.cu_seqlens_q,
+                                 meta.max_seqlen_q, scale, out=out, first_seq=n)

@@ -74,10 +74,10 @@ def _attend(acc, m_i, l_i, q, q8, row_scale, q_pos, k_cache_ptr, v_cache_ptr, k_
     return acc, m_i, l_i
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["first_seq"])
 def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, out_ptr, block_tables_ptr,
-                    context_lens_ptr, cu_q_ptr, tiles_ptr, qk_scale, stride_qt, stride_qh, stride_ot, stride_oh,
-                    stride_bt, stride_cb, stride_cs, stride_ch, stride_sb,
+                    context_lens_ptr, cu_q_ptr, tiles_ptr, first_seq, qk_scale, stride_qt, stride_qh, stride_ot,
+                    stride_oh, stride_bt, stride_cb, stride_cs, stride_ch, stride_sb,
                     GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
                     QUANT: tl.constexpr, V_GROUP: tl.constexpr, DOT_FP16: tl.constexpr, INT8_DOTS: tl.constexpr,
@@ -86,8 +86,8 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, o
     if FLAT:   # one program per entry of the tile map: (sequence, query tile), sequence -1 = padding
         seq = tl.load(tiles_ptr + 2 * tl.program_id(0))
         tile = tl.load(tiles_ptr + 2 * tl.program_id(0) + 1)
-    else:
-        seq = tl.program_id(1)
+    else:      # sequences first_seq.. (an eager mixed step's decode rows, before them, go to the decode kernel)
+        seq = tl.program_id(1) + first_seq
     q_start = tl.load(cu_q_ptr + tl.maximum(seq, 0))
     q_len = tl.load(cu_q_ptr + tl.maximum(seq, 0) + 1) - q_start
     if not FLAT:   # the last tile, which sees the most keys, starts first: a causal grid's tail is short
@@ -161,14 +161,15 @@ def flat_tiles(q_lens, capacity: int | None = None) -> np.ndarray:
 def prefill_attention(q: torch.Tensor, cache: LayerKVCache, block_tables: torch.Tensor, context_lens: torch.Tensor,
                       cu_seqlens_q: torch.Tensor, max_seqlen_q: int, scale: float,
                       settings: dict | None = None, tiles: torch.Tensor | None = None,
-                      out: torch.Tensor | None = None) -> torch.Tensor:
+                      out: torch.Tensor | None = None, first_seq: int = 0) -> torch.Tensor:
     """q [num_tokens, num_heads, head_dim] -> out of the same shape. `settings`: launch settings
     ({"block_m", "block_n", "num_warps", "num_stages"}), by default `prefill_settings`. `tiles`: a tile
     map on the device (`flat_tiles`), for a launch whose grid depends on no host value (CUDA graphs):
     max_seqlen_q is then ignored and query tiles have FLAT_BLOCK_M rows. Rows of q that no tile covers
-    (padding) are left unwritten. `out`: where to write (by default a new tensor like q); cu_seqlens_q
-    indexes rows of q and out, so a caller can pass a slice of the sequences (block_tables[i:],
-    context_lens[i:], cu_seqlens_q[i:]) and the whole q."""
+    (padding) are left unwritten. `out`: where to write (by default a new tensor like q). `first_seq`:
+    attend only sequences first_seq.. (without a tile map), leaving the rows of the others unwritten; the
+    tensors stay whole, since a slice (block_tables[i:]) moves their addresses off the 16-byte alignment
+    Triton compiles for, and every new alignment would compile the kernel again in the middle of a run."""
     k_cache, v_cache = cache.k, cache.v
     num_tokens, num_heads, head_dim = q.shape
     block_size, num_kv_heads = check_paged_inputs(q, cache, block_tables)
@@ -177,11 +178,12 @@ def prefill_attention(q: torch.Tensor, cache: LayerKVCache, block_tables: torch.
         grid = (tiles.shape[0], 1, num_heads)
     else:
         settings = settings or prefill_settings(cache, head_dim, max_seqlen_q)
-        grid = (triton.cdiv(max_seqlen_q, settings["block_m"]), context_lens.shape[0], num_heads)
+        grid = (triton.cdiv(max_seqlen_q, settings["block_m"]), context_lens.shape[0] - first_seq, num_heads)
     out = torch.empty_like(q) if out is None else out
     k_scale, v_scale = (cache.k_scale, cache.v_scale) if cache.quantized else (k_cache, v_cache)
     _prefill_kernel[grid](q, k_cache, v_cache, k_scale, v_scale, out, block_tables, context_lens, cu_seqlens_q,
-                          cu_seqlens_q if tiles is None else tiles, scale * 1.4426950408889634,
+                          cu_seqlens_q if tiles is None else tiles, first_seq if tiles is None else 0,
+                          scale * 1.4426950408889634,
                           q.stride(0), q.stride(1), out.stride(0), out.stride(1),
                           block_tables.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
                           k_scale.stride(0) if cache.quantized else 0, QUANT=cache.quantized,

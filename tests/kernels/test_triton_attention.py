@@ -195,7 +195,7 @@ def test_prefill_by_tile_map_matches_reference(kv_cache_dtype, spare_tiles):
 @pytest.mark.parametrize("num_splits", [1, 2])
 def test_eager_mixed_step_sends_its_decode_rows_to_the_decode_kernel(kv_cache_dtype, num_splits):
     """An eager mixed step through the backend: the decode rows (first) by the decode kernel, the prompt
-    chunks by the prefill kernel over a slice of the sequences, one output; equal to the reference."""
+    chunks by the prefill kernel from the first chunk on (first_seq), one output; equal to the reference."""
     import dataclasses
 
     from nanovllm.attention.triton_backend import TritonBackend
