@@ -168,8 +168,8 @@ def prefill_attention(q: torch.Tensor, cache: LayerKVCache, block_tables: torch.
     max_seqlen_q is then ignored and query tiles have FLAT_BLOCK_M rows. Rows of q that no tile covers
     (padding) are left unwritten. `out`: where to write (by default a new tensor like q). `first_seq`:
     attend only sequences first_seq.. (without a tile map), leaving the rows of the others unwritten; the
-    tensors stay whole, since a slice (block_tables[i:]) moves their addresses off the 16-byte alignment
-    Triton compiles for, and every new alignment would compile the kernel again in the middle of a run."""
+    tensors stay whole, since a slice (context_lens[i:]) can move an address off the 16-byte alignment
+    Triton compiles for, and the kernel would compile again in the middle of a run."""
     k_cache, v_cache = cache.k, cache.v
     num_tokens, num_heads, head_dim = q.shape
     block_size, num_kv_heads = check_paged_inputs(q, cache, block_tables)
