@@ -136,7 +136,11 @@ def quantize_model(model, input_ids: torch.Tensor | None, group_size: int, metho
     if method == "awq":
         inputs = apply_awq_scales(model, capture_inputs(model, input_ids), group_size)
     tensors = {}
-    for name, param in model.state_dict().items():
+    state = model.state_dict()
+    if getattr(model.config, "tie_word_embeddings", False) and "lm_head.weight" in state:
+        if torch.equal(state["lm_head.weight"], state["model.embed_tokens.weight"]):
+            del state["lm_head.weight"]       # tied: the embedding is the head, as in the input checkpoint
+    for name, param in state.items():
         module_name, _, kind = name.rpartition(".")
         if module_name.split(".")[-1] in LINEARS and kind == "weight":
             clip = search_clip(inputs[module_name], param, group_size) if method == "awq" else None

@@ -262,6 +262,19 @@ def test_quantizer_cli_writes_a_loadable_checkpoint(tmp_path):
     assert len(out["token_ids"]) == 5
 
 
+def test_quantizing_a_tied_model_keeps_it_tied(tmp_path):
+    """A model whose head is its embedding gets no separate lm_head.weight (the loader would untie it)."""
+    from safetensors import safe_open
+    from tiny_models import make_tiny_model
+
+    from nanovllm.quant.awq_quantize import quantize_checkpoint
+    make_tiny_model(str(tmp_path / "fp"), num_heads=4, num_kv_heads=2, head_dim=32, tie=True)
+    quantize_checkpoint(str(tmp_path / "fp"), str(tmp_path / "q"), "rtn", 32)
+    with safe_open(str(tmp_path / "q" / "model.safetensors"), "pt") as f:
+        names = set(f.keys())
+    assert "model.embed_tokens.weight" in names and "lm_head.weight" not in names
+
+
 def test_awq_under_tensor_parallelism(awq_pair):
     path, _ = awq_pair
     prompts = [[5, 6, 7, 8], list(range(100, 150))]
