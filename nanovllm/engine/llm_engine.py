@@ -163,7 +163,8 @@ class LLMEngine:
             token_ids, logprobs = self.model_runner.run(batch)
             sampled = self.scheduler.postprocess(batch, token_ids)
             self._attach_logprobs(batch.seqs, logprobs)
-            num_new = {id(seq): len(t) for seq, t in zip(batch.seqs, token_ids) if isinstance(t, list)}
+            num_new = {id(seq): len(t) for seq, t in zip(batch.seqs, token_ids) if isinstance(t, list)} \
+                if batch.num_drafted else {}
             finished += [seq for seq in sampled if self._check_stop(seq, num_new.get(id(seq), 1))]
         return finished, batch.num_tokens, batch.kind
 
@@ -197,8 +198,9 @@ class LLMEngine:
         now = time.perf_counter()
         if seq.first_token_time is None:
             seq.first_token_time = now
-        later = seq.token_ids[len(seq) - num_new + 1:]
-        del seq.token_ids[len(seq) - len(later):]
+        later = seq.token_ids[len(seq) - num_new + 1:] if num_new > 1 else []
+        if later:
+            del seq.token_ids[len(seq) - len(later):]
         reason = self.stop_reason(seq)
         while not reason and later:
             seq.token_ids.append(later.pop(0))

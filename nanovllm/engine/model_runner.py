@@ -10,6 +10,7 @@ from nanovllm.attention.backend import get_attention_backend
 from nanovllm.attention.metadata import AttentionMetadata, decode_order, shared_prefix, use_metadata
 from nanovllm.config import Config
 from nanovllm.engine.cuda_graph import DecodeGraphs, MixedGraphs
+from nanovllm.engine.draft_verification import sample_with_drafts
 from nanovllm.engine.logits_processors import needs_processing, process_logits
 from nanovllm.engine.logprobs import StepLogprobs, prompt_logprobs, sampled_dicts, sampled_logprobs
 from nanovllm.engine.pending import PendingStep
@@ -18,7 +19,6 @@ from nanovllm.engine.scheduler import ScheduledBatch
 from nanovllm.engine.sequence import Sequence
 from nanovllm.engine.tp_worker import WorkerGroup
 from nanovllm.layers.attention import Attention
-from nanovllm.layers.rejection_sampler import verify
 from nanovllm.layers.sampler import Sampler, SamplingTensors
 from nanovllm.models import get_model_class
 from nanovllm.quant import kv as kv_quant
@@ -278,7 +278,8 @@ class ModelRunner:
             hidden_states = hidden_states[self._logit_positions(batch, meta)]
         token_ids: list[int | list[int] | None] = [None] * len(batch.seqs)
         if sample_rows and batch.num_drafted:
-            step_logprobs.sampled = self._verify(batch, self.model.compute_logits(hidden_states), token_ids)
+            step_logprobs.sampled = sample_with_drafts(batch, self.model.compute_logits(hidden_states),
+                                                       self.sampling_inputs.tensors, token_ids)
         elif sample_rows:
             seqs = [batch.seqs[i] for i in sample_rows]
             logits = self.model.compute_logits(hidden_states)
@@ -290,26 +291,6 @@ class ModelRunner:
                 token_ids[row] = token_id
             step_logprobs.sampled = sampled_dicts(wanted, batch.seqs, token_ids)
         return token_ids, step_logprobs
-
-    def _verify(self, batch: ScheduledBatch, logits: torch.Tensor, token_ids: list) -> dict:
-        """A step with drafts: logits [positions, vocab] hold one position per sampled row and 1 + d for a
-        row with d drafts. Each drafted row gets a list (accepted drafts, then its next token), the others
-        one token; returns the logprob dicts of rows that asked. Rows with drafts never use logits processors
-        or logprobs (the scheduler gives them none), so those concern single-position rows only."""
-        rows = batch.sample_rows
-        seqs = [batch.seqs[r] for r in rows]
-        drafts = [seq.token_ids[len(seq) - seq.num_drafts:] if seq.num_drafts else [] for seq in seqs]
-        last = torch.tensor(np.cumsum([len(d) + 1 for d in drafts]) - 1, device=self.device)
-        raw = logits[last]
-        if needs_processing(seqs):
-            logits[last] = process_logits(raw, seqs).to(logits.dtype)
-        new_tokens = verify(logits, drafts, self.sampling_inputs.tensors(seqs))
-        for row, new in zip(rows, new_tokens):
-            token_ids[row] = new if batch.seqs[row].num_drafts else new[0]
-        wanted = sampled_logprobs(raw, torch.tensor([new[-1] for new in new_tokens], device=self.device),
-                                  batch.seqs, rows)
-        return sampled_dicts(wanted, batch.seqs, [t if t is None or isinstance(t, int) else t[-1]
-                                                  for t in token_ids])
 
     def _graphs_for(self, batch: ScheduledBatch):
         """The CUDA graphs that run this step, or None (eager): decode graphs for decode steps, mixed graphs

@@ -41,6 +41,8 @@ class ScheduledBatch:
     def logit_positions(self, cu_seqlens_q: list[int]) -> list[int]:
         """Token indices whose logits the step needs: each sampled row's last token, and a drafted row's
         positions from its last real token on (one per draft, plus the token after them)."""
+        if not self.num_drafted:
+            return [cu_seqlens_q[r + 1] - 1 for r in self.sample_rows]
         return [p for r in self.sample_rows
                 for p in range(cu_seqlens_q[r + 1] - 1 - self.seqs[r].num_drafts, cu_seqlens_q[r + 1])]
 

@@ -10,6 +10,8 @@ The tokens that come out are distributed exactly as sampling without speculation
 distribution the sampler draws from (temperature, top-k, top-p, min-p applied); for a greedy request it is
 one-hot at the argmax, so greedy output is identical to decoding without drafts.
 """
+from itertools import accumulate
+
 import torch
 
 from nanovllm.layers.sampler import SamplingTensors, filter_probs, inverse_cdf, softmax_at, uniforms
@@ -33,40 +35,28 @@ def verify(logits: torch.Tensor, drafts: list[list[int]], params: SamplingTensor
     """logits [sum(len(d) + 1), vocab]: each row's positions in turn; drafts[r]: row r's guesses. Returns
     for every row its accepted drafts followed by one new token."""
     counts = [len(d) + 1 for d in drafts]
+    starts = [0, *accumulate(counts)][:-1]      # each row's first position
     device = logits.device
-    rows = torch.repeat_interleave(torch.arange(len(drafts), device=device), torch.tensor(counts, device=device))
     if params.all_greedy:    # acceptance is a comparison with the argmax
         target = logits.argmax(dim=-1).tolist()
-        out, start = [], 0
-        for d, n in zip(drafts, counts):
-            a = next((i for i, t in enumerate(d) if t != target[start + i]), len(d))
-            out.append(d[:a] + [target[start + a]])
-            start += n
-        return out
-    probs = target_probs(logits, params, rows)
-    # each position's draft (the next position's input), -1 at a row's last position (no draft to check)
-    guess = torch.tensor([t for d in drafts for t in d + [-1]], device=device)
-    p_guess = probs.gather(1, guess.clamp(min=0)[:, None])[:, 0]
-    position_gens = [params.generators[r] for r, n in enumerate(counts) for _ in range(n)]
-    u = 1.0 - uniforms(len(guess), position_gens, device)           # [0, 1)
-    accepted = ((u < p_guess) & (guess >= 0)).tolist()
-    finals, rejected, start = [], [], 0
-    for d, n in zip(drafts, counts):
-        a = next((i for i in range(len(d)) if not accepted[start + i]), len(d))
-        finals.append(start + a)
-        rejected.append(d[a] if a < len(d) else -1)
-        start += n
-    final_probs = probs[finals]
-    rejected_ids = torch.tensor(rejected, device=device)
-    drop = torch.zeros_like(final_probs, dtype=torch.bool).scatter_(1, rejected_ids.clamp(min=0)[:, None], True)
-    residual = final_probs.masked_fill(drop & (rejected_ids >= 0)[:, None], 0.0)
+        accepted = [[t == target[s + i] for i, t in enumerate(d)] for d, s in zip(drafts, starts)]
+    else:
+        rows = torch.repeat_interleave(torch.arange(len(drafts), device=device), torch.tensor(counts, device=device))
+        probs = target_probs(logits, params, rows)
+        # each position's draft (the next position's input), -1 at a row's last position (no draft to check)
+        guess = torch.tensor([t for d in drafts for t in d + [-1]], device=device)
+        p_guess = probs.gather(1, guess.clamp(min=0)[:, None])[:, 0]
+        position_gens = [params.generators[r] for r, n in enumerate(counts) for _ in range(n)]
+        flat = (1.0 - uniforms(len(guess), position_gens, device) < p_guess).tolist()      # u in [0, 1)
+        accepted = [flat[s:s + len(d)] for d, s in zip(drafts, starts)]
+    kept = [next((i for i, ok in enumerate(a) if not ok), len(a)) for a in accepted]
+    finals = [s + k for s, k in zip(starts, kept)]
+    if params.all_greedy:
+        return [d[:k] + [target[f]] for d, k, f in zip(drafts, kept, finals)]
+    residual = probs[finals]
+    rejected = [(r, d[k]) for r, (d, k) in enumerate(zip(drafts, kept)) if k < len(d)]
+    if rejected:     # sample from p without the rejected draft's token
+        index = torch.tensor(rejected, device=device)
+        residual[index[:, 0], index[:, 1]] = 0.0
     new = inverse_cdf(residual, uniforms(len(drafts), params.generators, device)).tolist()
-    return [d[:f - s] + [t] for d, f, s, t in zip(drafts, finals, _starts(counts), new)]
-
-
-def _starts(counts: list[int]) -> list[int]:
-    starts, total = [], 0
-    for n in counts:
-        starts.append(total)
-        total += n
-    return starts
+    return [d[:k] + [t] for d, k, t in zip(drafts, kept, new)]
