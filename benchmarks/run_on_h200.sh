@@ -38,6 +38,7 @@ ARCHIVE_DIR=${OUT:-/tmp/nanovllm-gpu}
 OUT=$(mktemp -d)
 export NANOVLLM_RESULTS="$OUT"   # the scripts' default records (results/...) land in the archive
 mkdir -p "$ARCHIVE_DIR"
+pack() { tar czf "$ARCHIVE_DIR/results.tgz" -C "$OUT" .; }   # after every run: a call cut off keeps what finished
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
 for mode in "${@:-checks}"; do
 case "$mode" in
@@ -64,6 +65,7 @@ case "$mode" in
   bench)
     for kv in ${BENCH_KV:-auto int8 fp8}; do
       timeout 100 python bench.py --kv-cache-dtype "$kv" --repeat 3 --out "$OUT/bench-$kv.json" 2>&1 | tail -1
+      pack
     done
     ;;
   workloads)
@@ -72,6 +74,7 @@ case "$mode" in
       name=$(echo "$spec" | tr ' ' '_' | tr -d '-')
       timeout 200 python bench.py --workload $spec --repeat 3 --profile --out "$OUT/bench-$name.json" 2>&1 | tail -1 \
         | cut -c1-300
+      pack
     done
     ;;
   attention)
@@ -121,6 +124,7 @@ case "$mode" in
     for spec in "Qwen3-8B" "Llama-3.1-8B" "Llama-3.2-1B" "Llama-3.2-1B --kv-cache-dtype int8"; do
       name=$(echo "$spec" | tr ' ' '_' | tr -d '-')
       timeout 150 python bench.py --model $spec --out "$OUT/bench-$name.json" 2>&1 | tail -1 | cut -c1-300
+      pack
     done
     ;;
   moe)
@@ -144,5 +148,5 @@ case "$mode" in
   *) echo "usage: $0 MODE... (checks kernels quick tune attention store bench workloads profile awq awq-sweep awq-e2e"\
        "regress prefill archs moe runbatch interrupt codemodel)"; exit 2 ;;
 esac
-tar czf "$ARCHIVE_DIR/results.tgz" -C "$OUT" .
+pack
 done
