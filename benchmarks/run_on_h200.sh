@@ -69,8 +69,9 @@ case "$mode" in
     done
     ;;
   workloads)
-    for spec in short prefix "prefix --enable-cascade-attention" random "random --kv-cache-dtype int8" long \
-        "long --kv-cache-dtype int8"; do
+    # $WORKLOADS picks some, e.g. WORKLOADS="short;prefix --enable-cascade-attention"
+    IFS=';' read -ra specs <<< "${WORKLOADS:-short;prefix;prefix --enable-cascade-attention;random;random --kv-cache-dtype int8;long;long --kv-cache-dtype int8}"
+    for spec in "${specs[@]}"; do
       name=$(echo "$spec" | tr ' ' '_' | tr -d '-')
       timeout 200 python bench.py --workload $spec --repeat 3 --profile --out "$OUT/bench-$name.json" 2>&1 | tail -1 \
         | cut -c1-300
