@@ -111,3 +111,17 @@ def test_a_quantized_moe_checkpoint_is_refused(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="mixture-of-experts"):
         LLM(str(tmp_path))
+
+
+@pytest.mark.parametrize("rope_scaling", [None, LLAMA3_ROPE])
+def test_rope_table_is_built_on_the_default_device(rope_scaling):
+    """The runner builds the model under torch.set_default_device("cuda"); transformers' rope functions
+    compute on the CPU. "meta" stands in for the GPU here: a table left on the CPU, or a CPU tensor mixed
+    with a default-device one, fails as it did on the H100 for Llama 3.1."""
+    from transformers import LlamaConfig
+
+    from nanovllm.layers.rotary_embedding import RotaryEmbedding
+    config = LlamaConfig(hidden_size=64, num_attention_heads=2, max_position_embeddings=128, rope_scaling=rope_scaling)
+    with torch.device("meta"):
+        rope = RotaryEmbedding(config, 32)
+    assert rope.cos_sin_cache.device.type == "meta" and rope.cos_sin_cache.shape == (128, 32)

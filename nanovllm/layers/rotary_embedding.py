@@ -20,14 +20,17 @@ def rope_parameters(hf_config) -> dict:
 
 
 def inv_frequencies(hf_config, head_dim: int) -> tuple[torch.Tensor, float]:
+    """(inverse frequencies [head_dim // 2], attention scaling), computed on the CPU whatever the default
+    device (transformers' rope functions are told "cpu"); RotaryEmbedding moves its table."""
     params = rope_parameters(hf_config)
-    if params["rope_type"] == "default":
-        base = params["rope_theta"]
-        return 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim), 1.0
     if params["rope_type"] == "dynamic":
         raise ValueError("rope_type 'dynamic' is not supported; use 'default', 'linear', 'yarn', 'llama3'")
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-    inv_freq, scaling = ROPE_INIT_FUNCTIONS[params["rope_type"]](hf_config, "cpu")
+    with torch.device("cpu"):
+        if params["rope_type"] == "default":
+            base = params["rope_theta"]
+            return 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim), 1.0
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+        inv_freq, scaling = ROPE_INIT_FUNCTIONS[params["rope_type"]](hf_config, "cpu")
     return inv_freq.float(), float(scaling)
 
 
@@ -60,7 +63,7 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         inv_freq, scaling = inv_frequencies(hf_config, head_dim)
         positions = torch.arange(hf_config.max_position_embeddings, dtype=torch.float32)
-        freqs = torch.outer(positions, inv_freq)              # [max_pos, head_dim // 2]
+        freqs = torch.outer(positions, inv_freq.to(positions.device))   # [max_pos, head_dim // 2]
         cache = torch.cat((freqs.cos(), freqs.sin()), dim=-1) * scaling
         self.register_buffer("cos_sin_cache", cache, persistent=False)
 
