@@ -246,7 +246,7 @@ def main():
     parser.add_argument("--max-num-seqs", type=int, default=None, help="default: Config's")
     parser.add_argument("--max-num-batched-tokens", type=int, default=None, help="default: Config's")
     parser.add_argument("--no-prefix-caching", action="store_true")
-    parser.add_argument("--enable-cascade-attention", action="store_true",
+    parser.add_argument("--enable-cascade-attention", action=argparse.BooleanOptionalAction, default=True,
                         help="decode reads a prefix shared through the cache once per step for its sharers")
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--kv-cache-dtype", default="auto")

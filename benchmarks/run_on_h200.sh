@@ -12,7 +12,7 @@
 #                                             bench.py's decode steps by split factor, in CUDA graphs)
 #   bash benchmarks/run_on_h200.sh store     # store kernel: a bench prefill step (runs of prompt tokens or not), a decode step
 #   bash benchmarks/run_on_h200.sh bench     # bench.py bf16/int8/fp8 (median of 3; $BENCH_KV picks)
-#   bash benchmarks/run_on_h200.sh workloads # bench.py --workload short/prefix (+ cascade)/random/long (+ int8; $WORKLOADS picks),
+#   bash benchmarks/run_on_h200.sh workloads # bench.py --workload short/prefix (+ no cascade)/random/long (+ int8; $WORKLOADS picks),
 #                                              median of 3, GPU idle fraction (~8 min on the H200)
 #   bash benchmarks/run_on_h200.sh profile   # decode step profile of bench.py's workload per KV dtype ($PROFILE_KV)
 #   bash benchmarks/run_on_h200.sh awq       # AWQ kernel tests, fastest method per shape -> quant/tuned/
@@ -69,8 +69,8 @@ case "$mode" in
     done
     ;;
   workloads)
-    # $WORKLOADS picks some, e.g. WORKLOADS="short;prefix --enable-cascade-attention"
-    IFS=';' read -ra specs <<< "${WORKLOADS:-short;prefix;prefix --enable-cascade-attention;random;random --kv-cache-dtype int8;long;long --kv-cache-dtype int8}"
+    # $WORKLOADS picks some, e.g. WORKLOADS="short;prefix --no-enable-cascade-attention"
+    IFS=';' read -ra specs <<< "${WORKLOADS:-short;prefix;prefix --no-enable-cascade-attention;random;random --kv-cache-dtype int8;long;long --kv-cache-dtype int8}"
     for spec in "${specs[@]}"; do
       name=$(echo "$spec" | tr ' ' '_' | tr -d '-')
       timeout 200 python bench.py --workload $spec --repeat 3 --profile --out "$OUT/bench-$name.json" 2>&1 | tail -1 \

@@ -92,8 +92,8 @@ class Config:
     attention_backend: str = "auto"
     kv_cache_dtype: str = "auto"
     enable_prefix_caching: bool = True
-    enable_cascade_attention: bool = False   # decode reads a prefix shared by every running sequence once per
-                                             # step (Triton backend); off until measured on a GPU
+    enable_cascade_attention: bool = True    # decode reads a prefix that running sequences share through the
+                                             # prefix cache once per step (Triton backend; vLLM's default too)
     speculative_config: dict | SpeculativeConfig | None = None   # {"method": "ngram", ...}: SpeculativeConfig
     hf_config: object = field(default=None, repr=False)
     eos_token_ids: tuple[int, ...] = ()

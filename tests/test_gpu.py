@@ -119,9 +119,9 @@ def test_cascade_attention_gives_the_same_tokens(tmp_path, monkeypatch):
     kw = dict(device="cuda", kvcache_block_size=16, max_model_len=256, num_kvcache_blocks=256,
               max_num_batched_tokens=64)
     for eager in (False, True):
-        plain = greedy_ids(LLM(str(tmp_path), enforce_eager=eager, **kw), prompts)
+        plain = greedy_ids(LLM(str(tmp_path), enforce_eager=eager, enable_cascade_attention=False, **kw), prompts)
         longest.clear()
-        cascade = LLM(str(tmp_path), enforce_eager=eager, enable_cascade_attention=True, **kw)
+        cascade = LLM(str(tmp_path), enforce_eager=eager, **kw)     # on by default
         assert greedy_ids(cascade, prompts) == plain
         assert max(longest) == 32, eager
 

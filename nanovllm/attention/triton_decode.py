@@ -112,11 +112,13 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, ou
         seq = r // GROUP
         heads = kv_head * GROUP + r % GROUP
         head_ok = seq < num_seqs
-        sharer = tl.load(shared_ptr + 2 + seq, mask=head_ok, other=0) > 0   # rows whose tables hold the prefix
         start = 0
         end = tl.load(shared_ptr)
+        if end == 0:   # nothing shared this step: the combine reads no shared partial
+            return
         table_row = tl.load(shared_ptr + 1)   # a row that holds it: the prefix's blocks are the same in all
         q_rows = seq[:, None] * stride_qt
+        own_only = False
     else:
         kv_head, seq, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         if ORDERED:
@@ -132,6 +134,10 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, ou
         head_ok = offs_g < GROUP
         table_row = seq
         q_rows = seq * stride_qt
+        if NUM_SPLITS == 1:
+            own_only = first == 0     # no other part to combine (always without cascade): write the output
+        else:
+            own_only = False
     q = tl.load(q_ptr + q_rows + heads[:, None] * stride_qh + offs_d[None, :],
                 mask=head_ok[:, None], other=0.0)
     if DOT_FP16:   # FP8 cache: the dots run in float16
@@ -160,10 +166,7 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, ou
         else:
             pv = tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
         acc = acc * alpha[:, None] + pv
-    if SHARED:    # rows that do not hold the prefix contribute nothing from it
-        m_i = tl.where(sharer, m_i, float("-inf"))
-        l_i = tl.where(sharer, l_i, 0.0)
-    if (NUM_SPLITS == 1) & (not CASCADE):
+    if own_only:
         out = acc / l_i[:, None]
         tl.store(out_ptr + seq * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=head_ok[:, None])
@@ -175,13 +178,21 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, ou
 
 
 @triton.jit
-def _combine_kernel(part_acc_ptr, part_ml_ptr, out_ptr, stride_ot, stride_oh,
-                    HEAD_DIM: tl.constexpr, NUM_PARTS: tl.constexpr, BLOCK_P: tl.constexpr, PDL: tl.constexpr):
+def _combine_kernel(part_acc_ptr, part_ml_ptr, out_ptr, shared_ptr, stride_ot, stride_oh,
+                    HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, CASCADE: tl.constexpr, BLOCK_P: tl.constexpr,
+                    PDL: tl.constexpr):
     wait_then_release(PDL)        # the o projection may start loading its weights (utils/pdl.py)
     seq, head = tl.program_id(0), tl.program_id(1)
     part = tl.arange(0, BLOCK_P)
-    ok = part < NUM_PARTS
-    rows = (seq * tl.num_programs(1) + head) * NUM_PARTS + part
+    num_used = NUM_SPLITS
+    if CASCADE:   # the last part is the shared prefix's, written only for its sharers
+        shared_len = tl.load(shared_ptr + 2 + seq)
+        if NUM_SPLITS == 1:
+            if shared_len == 0:
+                return    # not a sharer: the decode kernel wrote this row's output itself
+        num_used = NUM_SPLITS + (shared_len > 0).to(tl.int32)
+    ok = part < num_used
+    rows = (seq * tl.num_programs(1) + head) * (NUM_SPLITS + CASCADE) + part
     m = tl.load(part_ml_ptr + rows * 2, mask=ok, other=float("-inf"))
     l_sum = tl.load(part_ml_ptr + rows * 2 + 1, mask=ok, other=0.0)
     m_max = tl.max(m, 0)
@@ -246,7 +257,8 @@ def decode_attention(q: torch.Tensor, cache: LayerKVCache, block_tables: torch.T
         **pdl_launch(q.device), num_warps=settings["num_warps"], num_stages=settings["num_stages"],
         **({"maxnreg": settings["maxnreg"]} if settings.get("maxnreg") else {}))
     if num_parts > 1:
-        _combine_kernel[(num_seqs, num_heads)](part_acc, part_ml, out, out.stride(0), out.stride(1),
-                                               HEAD_DIM=head_dim, NUM_PARTS=num_parts,
+        _combine_kernel[(num_seqs, num_heads)](part_acc, part_ml, out, context_lens if shared is None else shared,
+                                               out.stride(0), out.stride(1), HEAD_DIM=head_dim,
+                                               NUM_SPLITS=num_splits, CASCADE=cascade,
                                                BLOCK_P=triton.next_power_of_2(num_parts), **pdl_launch(q.device))
     return out

@@ -9,7 +9,9 @@ token still on the GPU (a placeholder on the host) is gathered from the previous
 Batch sizes 1, 2, 4, 8, then every 16 up to max_num_seqs (always included) are captured; a batch runs on
 the next larger graph, its padding rows having slot -1 (nothing written) and context length 0 (nothing
 read). Block-table rows are rewritten in full each step, so no stale entry survives from an earlier batch.
-The host also writes the decode launch order (rows by descending context, metadata.decode_order).
+The host also writes the decode launch order (rows by descending context, metadata.decode_order), and with
+cascade attention the plan of a prefix shared by several rows (metadata.shared_prefix): each batch size then
+has a second graph that reads it, replayed only on steps that share something.
 """
 import numpy as np
 import torch
@@ -41,36 +43,38 @@ class DecodeGraphs:
         self.context_lens, self.order = self.dev32[:n], self.dev32[n:2 * n]
         self.shared = self.dev32[2 * n:3 * n + 2]
         self.block_tables = self.dev32[3 * n + 2:].view(n, max_blocks)
-        # cascade attention (config.enable_cascade_attention): the graphs read metadata.shared_prefix's plan
+        # cascade attention (config.enable_cascade_attention): a second graph per batch size reads
+        # metadata.shared_prefix's plan; a step that shares nothing replays the plain one, at no extra cost
         self.cascade = config.enable_cascade_attention and backend.supports_cascade
         self.order.copy_(torch.arange(n, dtype=torch.int32))    # capture runs read every row
         self.shared.zero_()
         self.cu_seqlens_q = torch.arange(n + 1, dtype=torch.int32, device="cuda")
         self.outputs = torch.zeros(n, hidden_size, dtype=config.dtype, device="cuda")
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}   # (batch size, cascade) -> graph
         self.splits = {bs: backend.plan_decode(bs, num_kv_heads, config.max_model_len) for bs in self.sizes}
         self._capture_all()
 
-    def _meta(self, bs: int) -> AttentionMetadata:
+    def _meta(self, bs: int, cascade: bool) -> AttentionMetadata:
         return AttentionMetadata(is_prefill=False, slot_mapping=self.slots[:bs], context_lens=self.context_lens[:bs],
                                  block_tables=self.block_tables[:bs], cu_seqlens_q=self.cu_seqlens_q[:bs + 1],
                                  max_seqlen_q=1, max_seqlen_k=0, context_lens_cpu=[], cu_seqlens_q_cpu=[],
                                  num_decode_splits=self.splits[bs], decode_order=self.order[:bs],
-                                 shared=self.shared[:2 + bs] if self.cascade else None)
+                                 shared=self.shared[:2 + bs] if cascade else None)
 
     @torch.inference_mode()
     def _capture_all(self) -> None:
         self.slots.fill_(-1)                       # capture-time runs must not write the cache
         pool = None
         for bs in reversed(self.sizes):            # largest first: the others reuse its memory pool
-            graph = torch.cuda.CUDAGraph()
-            with use_metadata(self._meta(bs)):
-                self.outputs[:bs] = self.model(self.input_ids[:bs], self.positions[:bs])   # warm-up
-                with torch.cuda.graph(graph, pool):
-                    self.outputs[:bs] = self.model(self.input_ids[:bs], self.positions[:bs])
-            pool = graph.pool()
-            self.graphs[bs] = graph
-            torch.cuda.synchronize()
+            for cascade in (False, True) if self.cascade else (False,):
+                graph = torch.cuda.CUDAGraph()
+                with use_metadata(self._meta(bs, cascade)):
+                    self.outputs[:bs] = self.model(self.input_ids[:bs], self.positions[:bs])   # warm-up
+                    with torch.cuda.graph(graph, pool):
+                        self.outputs[:bs] = self.model(self.input_ids[:bs], self.positions[:bs])
+                pool = graph.pool()
+                self.graphs[bs, cascade] = graph
+                torch.cuda.synchronize()
         self.pool = pool                           # shared with the mixed-step graphs
 
     def can_run(self, num_seqs: int) -> bool:
@@ -100,16 +104,18 @@ class DecodeGraphs:
         slots[bs:graph_bs] = -1
         ctx[bs:graph_bs] = 0
         order[:graph_bs] = decode_order(ctx[:graph_bs])
+        cascade = False
         if self.cascade:
             plan = host32.numpy()[2 * n:3 * n + 2]
             plan[:2 + bs] = shared_prefix([seq.block_table for seq in seqs], ctx[:bs].tolist(), block_size)
             plan[2 + bs:2 + graph_bs] = 0
+            cascade = bool(plan[0])
         self.staging.upload([host64, host32], [None, 3 * n + 2 + graph_bs * self.max_blocks])
         if gather:
             src_rows = self.src_rows[:bs]
             self.input_ids[:bs] = torch.where(src_rows >= 0, prev.token_ids[src_rows.clamp(min=0)],
                                               self.input_ids[:bs])
-        self.graphs[graph_bs].replay()
+        self.graphs[graph_bs, cascade].replay()
         return self.outputs[:bs]
 
 

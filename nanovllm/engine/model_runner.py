@@ -207,8 +207,8 @@ class ModelRunner:
             order = torch.from_numpy(decode_order(decodes)).to(**to)
         if not batch.is_prefill:
             if self.config.enable_cascade_attention and self.backend.supports_cascade:
-                shared = torch.tensor(shared_prefix([s.block_table for s in batch.seqs], context_lens,
-                                                    self.block_size), dtype=torch.int32, **to)
+                plan = shared_prefix([s.block_table for s in batch.seqs], context_lens, self.block_size)
+                shared = torch.tensor(plan, dtype=torch.int32, **to) if plan[0] else None   # None: nothing shared
         meta = AttentionMetadata(
             is_prefill=batch.is_prefill,
             slot_mapping=torch.from_numpy(np.concatenate(slots)).to(**to),
