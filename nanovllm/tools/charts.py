@@ -8,9 +8,8 @@
 """
 import os
 
-from nanovllm.utils.results import latest_bench, load_records
+from nanovllm.utils.results import WORKLOAD_ORDER, latest_bench, load_records
 
-WORKLOAD_ORDER = ("random", "short", "long", "prefix", "sharegpt")
 KV_COLORS = {"auto": "#4c72b0", "int8": "#dd8452", "fp8": "#55a868"}
 
 

@@ -10,7 +10,7 @@ import os
 import torch
 
 from nanovllm.quant import kv as kv_quant
-from nanovllm.utils.results import latest_bench, load_records
+from nanovllm.utils.results import WORKLOAD_ORDER, latest_bench, load_records, workload_label
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 KV_BYTES_BENCH = 13.85e12   # KV cache bytes the bench workload's decode reads (Qwen3-0.6B, bf16), see docs
@@ -32,7 +32,7 @@ def bench_rows(root: str) -> list[str]:
         steps = r.get("step_stats", {})
         kinds = " / ".join(str(int(steps.get(f"{k}_steps", 0))) for k in ("prefill", "mixed", "decode"))
         ratio = r.get("seconds_over_floor")
-        rows.append(f"| {r['engine']} | {r.get('workload', 'random')} | {model} | {r['gpu']} "
+        rows.append(f"| {r['engine']} | {workload_label(r)} | {model} | {r['gpu']} "
                     f"| {r['settings'].get('kv_cache_dtype', 'auto')} | {r['output_tokens']} | {r['seconds']:.2f} "
                     f"| {r['tokens_per_s']:,.0f} | {ratio if ratio else '-'} | {kinds if steps else '-'} "
                     f"| {r['date'][:10]} | `{path}` |")
@@ -149,9 +149,8 @@ def quality_rows(root: str) -> list[str]:
 def headline_rows(root: str) -> list[str]:
     """README's table: the newest throughput per GPU, workload and KV dtype."""
     rows = ["| GPU | workload | KV cache | tokens/s | x floor | date |", "|---|---|---|---|---|---|"]
-    order = ("random", "short", "long", "prefix", "sharegpt")
     for gpu, records in sorted(latest_bench(root).items()):
-        for (workload, kind), r in sorted(records.items(), key=lambda kv: (order.index(kv[0][0]), kv[0][1])):
+        for (workload, kind), r in sorted(records.items(), key=lambda kv: (WORKLOAD_ORDER.index(kv[0][0]), kv[0][1])):
             ratio = r.get("seconds_over_floor")
             rows.append(f"| {gpu} | {workload} | {kind} | {r['tokens_per_s']:,.0f} | {ratio or '-'} | "
                         f"{r['date'][:10]} |")

@@ -27,13 +27,25 @@ def load_records(root: str, pattern: str) -> list[tuple[str, dict]]:
     return records
 
 
+HEADLINE_MODEL = "Qwen3-0.6B"   # bench.py's default model: the README's table and charts show it
+WORKLOAD_ORDER = ("random", "short", "long", "prefix", "prefix + cascade", "sharegpt")
+
+
+def workload_label(record: dict) -> str:
+    """A bench record's workload, "+ cascade" when cascade attention was on."""
+    cascade = record.get("settings", {}).get("enable_cascade_attention")
+    return record.get("workload", "random") + (" + cascade" if cascade else "")
+
+
 def latest_bench(root: str) -> dict[str, dict[tuple[str, str], dict]]:
-    """GPU -> (workload, KV dtype) -> the newest nanovllm record with default engine settings."""
+    """GPU -> (workload label, KV dtype) -> the newest nanovllm record of HEADLINE_MODEL with default engine
+    settings."""
     table: dict[str, dict[tuple[str, str], dict]] = {}
     for _, r in load_records(root, "bench/*.json"):
-        if r.get("engine") != "nanovllm" or r.get("settings", {}).get("max_num_seqs"):
+        if (r.get("engine") != "nanovllm" or r.get("settings", {}).get("max_num_seqs")
+                or r.get("model") != HEADLINE_MODEL):
             continue
-        key = (r.get("workload", "random"), r["settings"].get("kv_cache_dtype", "auto"))
+        key = (workload_label(r), r["settings"].get("kv_cache_dtype", "auto"))
         slot = table.setdefault(r["gpu"], {})
         if key not in slot or r["date"] > slot[key]["date"]:
             slot[key] = r
