@@ -21,6 +21,7 @@
 #   bash benchmarks/run_on_h200.sh regress   # regression_test.sh ($CASES, default all), bench_sharegpt.py
 #   bash benchmarks/run_on_h200.sh prefill   # prefill attention on the long/short workloads' steps, per launch setting
 #   bash benchmarks/run_on_h200.sh archs     # bench.py on dummy Llama-3.1-8B vs Qwen3-8B, Llama-3.2-1B int8 vs bf16
+#                                             (median of 3, ~4 min)
 #   bash benchmarks/run_on_h200.sh moe       # dummy Qwen3-30B-A3B: batch-1 TPOT (bench_one.py) and bench.py
 #   bash benchmarks/run_on_h200.sh runbatch  # run_batch's loop against LLM.generate on the short workload
 #   bash benchmarks/run_on_h200.sh interrupt # Ctrl-C 3 s into a long generate returns promptly, the engine answers as before
@@ -124,7 +125,7 @@ case "$mode" in
   archs)
     for spec in "Qwen3-8B" "Llama-3.1-8B" "Llama-3.2-1B" "Llama-3.2-1B --kv-cache-dtype int8"; do
       name=$(echo "$spec" | tr ' ' '_' | tr -d '-')
-      timeout 150 python bench.py --model $spec --out "$OUT/bench-$name.json" 2>&1 | tail -1 | cut -c1-300
+      timeout 150 python bench.py --model $spec --repeat 3 --out "$OUT/bench-$name.json" 2>&1 | tail -1 | cut -c1-300
       pack
     done
     ;;

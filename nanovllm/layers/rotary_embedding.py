@@ -68,6 +68,11 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos_sin_cache", cache, persistent=False)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+        """Rotate q and k (no qk-norm: Llama, Qwen2, Mistral); on CUDA one Triton launch for both."""
+        head_dim = q.shape[-1]
+        if q.is_cuda and head_dim & (head_dim - 1) == 0:   # the kernel's tiles need a power of 2
+            from nanovllm.layers.triton_norm import qk_norm_rope
+            return qk_norm_rope(q, k, positions, None, None, 0.0, self.cos_sin_cache)
         return apply_rotary(positions, q, k, self.cos_sin_cache)
 
     def forward_with_qk_norm(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, q_norm: nn.Module,

@@ -1,9 +1,10 @@
-"""Fused norm kernels (residual add + RMSNorm, q/k RMSNorm + RoPE) against their plain-PyTorch references."""
+"""Fused norm kernels (residual add + RMSNorm, q/k RMSNorm + RoPE, RoPE alone) against their plain-PyTorch
+references."""
 import pytest
 import torch
 
 from nanovllm.layers.layernorm import add_rms_norm_ref
-from nanovllm.layers.rotary_embedding import qk_norm_rope_ref
+from nanovllm.layers.rotary_embedding import apply_rotary_ref, qk_norm_rope_ref
 
 triton = pytest.importorskip("triton")
 from nanovllm.layers.triton_norm import add_rms_norm, qk_norm_rope  # noqa: E402
@@ -44,7 +45,9 @@ def test_add_rms_norm_matches_reference(dtype, num_tokens, hidden, with_residual
 @pytest.mark.parametrize("num_tokens", TOKENS)
 @pytest.mark.parametrize("heads", [(16, 8), (32, 8), (6, 2)] if CUDA else [(4, 2), (6, 3)])
 @pytest.mark.parametrize("head_dim", [64, 128] if CUDA else [16, 32])
-def test_qk_norm_rope_matches_reference(dtype, num_tokens, heads, head_dim):
+@pytest.mark.parametrize("norm", [True, False])
+def test_qk_norm_rope_matches_reference(dtype, num_tokens, heads, head_dim, norm):
+    """With norm weights Qwen3's qk-norm then RoPE; without (Llama, Qwen2, Mistral) RoPE alone."""
     num_heads, num_kv_heads = heads
     torch.manual_seed(num_tokens * head_dim)
     qkv = torch.randn(num_tokens, (num_heads + 2 * num_kv_heads) * head_dim, dtype=dtype, device=DEVICE) * 2
@@ -53,8 +56,13 @@ def test_qk_norm_rope_matches_reference(dtype, num_tokens, heads, head_dim):
     positions = torch.randint(0, 4096, (num_tokens,), device=DEVICE)
     q_weight, k_weight = ((torch.rand(head_dim, device=DEVICE) + 0.5).to(dtype) for _ in range(2))
     cache = cos_sin_cache(head_dim)
-    got = qk_norm_rope(q, k, positions, q_weight, k_weight, 1e-6, cache)
-    want = qk_norm_rope_ref(q, k, positions, q_weight, k_weight, 1e-6, cache)
+    if norm:
+        got = qk_norm_rope(q, k, positions, q_weight, k_weight, 1e-6, cache)
+        want = qk_norm_rope_ref(q, k, positions, q_weight, k_weight, 1e-6, cache)
+    else:
+        got = qk_norm_rope(q, k, positions, None, None, 0.0, cache)
+        cos, sin = cache[positions].unsqueeze(1).chunk(2, dim=-1)
+        want = apply_rotary_ref(q, cos, sin), apply_rotary_ref(k, cos, sin)
     for g, w in zip(got, want):
         assert g.shape == w.shape and g.is_contiguous()
         torch.testing.assert_close(g, w, **TOL[dtype])
