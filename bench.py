@@ -105,16 +105,30 @@ def measured_rates(device: str) -> tuple[float, float]:
     return 2 * size / best_seconds(lambda: y.copy_(x)), 2 * n**3 / best_seconds(lambda: a @ a)
 
 
+def active_params(cfg) -> int:
+    """Weights one token reads: attention and MLP of every layer (a sparse MoE layer's router and its top_k
+    experts only) and the LM head."""
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    hidden, experts = cfg.hidden_size, getattr(cfg, "num_experts", 0) or 0
+    total = hidden * cfg.vocab_size
+    for i in range(cfg.num_hidden_layers):
+        total += hidden * head_dim * (2 * cfg.num_attention_heads + 2 * cfg.num_key_value_heads)
+        sparse = experts and i not in (getattr(cfg, "mlp_only_layers", None) or []) \
+            and (i + 1) % getattr(cfg, "decoder_sparse_step", 1) == 0
+        total += (hidden * experts + 3 * hidden * cfg.moe_intermediate_size * cfg.num_experts_per_tok if sparse
+                  else 3 * hidden * cfg.intermediate_size)
+    return total
+
+
 def physical_floor(model_dir: str, w: Workload, kv_cache_dtype: str, max_num_seqs: int, prefix_caching: bool,
                    rates: tuple[float, float]) -> dict:
     """Seconds this workload needs at least on this GPU (see the module docstring), and its parts."""
     cfg = load_hf_config(model_dir)
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    layers, hidden, heads = cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads
+    layers, heads = cfg.num_hidden_layers, cfg.num_attention_heads
     value_bytes = 2 if kv_cache_dtype == "auto" else 1 + 4 / head_dim      # 1-byte values + a float32 scale
     kv_per_token = 2 * layers * cfg.num_key_value_heads * head_dim * value_bytes
-    layer_params = hidden * head_dim * (2 * heads + 2 * cfg.num_key_value_heads) + 3 * hidden * cfg.intermediate_size
-    params = layers * layer_params + hidden * cfg.vocab_size
+    params = active_params(cfg)        # a step's weights (an MoE step at full batch reads more experts)
     outputs = sum(w.max_tokens)
     steps = max(max(w.max_tokens), math.ceil(outputs / max_num_seqs))
     shared = w.shared_prefix if prefix_caching else 0

@@ -2,21 +2,24 @@
 
 Random weights from a shipped config (load_format="dummy"); "awq" adds an AutoAWQ quantization_config
 (group 128, GEMM) to a copy of the config. Measures linear-layer weight memory, decode TPOT at batch 1
-(256 tokens after a 128-token prompt), and bench.py-style throughput (--num-seqs requests). Prints JSON.
+(256 tokens after a 128-token prompt) against its floor (bf16: the weights one token reads, an MoE layer's
+top_k experts only, at bench.py's measured copy rate), and bench.py-style throughput (--num-seqs requests).
+Prints JSON.
 """
 import argparse
-import json
 import os
 import random
 import sys
 import time
+from datetime import datetime, timezone
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the repository root
-from bench import workload  # noqa: E402
+from bench import active_params, measured_rates, workload  # noqa: E402
 from nanovllm import LLM, SamplingParams  # noqa: E402
 from nanovllm.configs import shipped_config_dir, with_awq_config  # noqa: E402
+from nanovllm.utils.results import results_path, save_record  # noqa: E402
 
 
 def linear_weight_bytes(llm: LLM) -> int:
@@ -54,16 +57,24 @@ def main():
     parser.add_argument("--model", default="Qwen3-0.6B")
     parser.add_argument("--weights", choices=["bf16", "awq"], default="awq")
     parser.add_argument("--num-seqs", type=int, default=256)
+    parser.add_argument("--out", default=None, help="JSON file (default: results/bench_one/<model>-<weights>.json)")
     args = parser.parse_args()
     random.seed(0)
     path = shipped_config_dir(args.model)
     path = with_awq_config(path) if args.weights == "awq" else path
+    copy_rate = measured_rates("cuda")[0]          # before the engine takes the memory
     llm = LLM(path, load_format="dummy", dtype="bfloat16", max_model_len=4096, max_num_seqs=max(args.num_seqs, 1))
+    tpot = tpot_batch1(llm)
+    floor = {}
+    if args.weights == "bf16":
+        floor_ms = 1e3 * 2 * active_params(llm.config.hf_config) / copy_rate
+        floor = {"copy_bytes_per_s": round(copy_rate), "tpot_floor_ms": floor_ms, "tpot_over_floor": tpot / floor_ms}
     record = {"model": args.model, "weights": args.weights, "gpu": torch.cuda.get_device_name(),
-              "linear_weight_bytes": linear_weight_bytes(llm), "tpot_ms_batch1": tpot_batch1(llm),
+              "linear_weight_bytes": linear_weight_bytes(llm), "tpot_ms_batch1": tpot, **floor,
               "throughput": throughput(llm, args.num_seqs) if args.num_seqs else None,
-              "command": "python " + " ".join(sys.argv)}
-    print(json.dumps(record))
+              "command": "python " + " ".join(sys.argv),
+              "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    save_record(record, args.out or results_path("bench_one", f"{args.model}-{args.weights}.json"))
 
 
 if __name__ == "__main__":

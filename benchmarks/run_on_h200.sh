@@ -130,7 +130,9 @@ case "$mode" in
     done
     ;;
   moe)
-    timeout 200 python benchmarks/bench_one.py --model Qwen3-30B-A3B --weights bf16 --num-seqs 0 2>&1 | tail -1
+    timeout 200 python benchmarks/bench_one.py --model Qwen3-30B-A3B --weights bf16 --num-seqs 0 \
+      --out "$OUT/tpot-qwen3-30b-a3b.json" 2>&1 | tail -1
+    pack
     timeout 250 python bench.py --model Qwen3-30B-A3B --out "$OUT/bench-qwen3-30b-a3b.json" 2>&1 | tail -1 | cut -c1-300
     ;;
   runbatch)

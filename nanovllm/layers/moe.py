@@ -75,8 +75,9 @@ class FusedMoE(nn.Module):
         target.copy_(part)
 
     def forward(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
-        weights, ids = select_experts(router_logits, self.top_k, self.renormalize)
         if x.is_cuda:
-            from nanovllm.layers.triton_moe import fused_moe
+            from nanovllm.layers.triton_moe import fused_moe, route
+            weights, ids = route(router_logits, self.top_k, self.renormalize)
             return all_reduce(fused_moe(x, self.w13_weight, self.w2_weight, weights, ids))
+        weights, ids = select_experts(router_logits, self.top_k, self.renormalize)
         return all_reduce(fused_moe_ref(x, self.w13_weight, self.w2_weight, weights, ids))

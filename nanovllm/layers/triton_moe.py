@@ -12,12 +12,61 @@
    the result times the router weight of p to y[p].
 4. out = y.view(num_tokens, top_k, hidden).sum(1).
 Each program reads only its own tokens and its own expert's weights; blocks past the runs return at once.
+
+Routing (`select_experts`: float32 softmax, top_k, renormalized) is one launch too, `route`: a program per
+token holds its router logits, and picks the top_k by repeated max (ties to the lower expert id).
+
+Decode steps (at most PER_PAIR_MAX_PAIRS pairs, e.g. two tokens of Qwen3-30B-A3B's top 8) skip the sort:
+block b holds pair b alone and block_experts is topk_ids itself, so step 1 costs no launch. Sorting took
+about 25 small launches per layer, which at batch 1 cost more than reading the experts' weights; a pair
+whose expert another pair also picked reads that expert again (rare among 128 experts at 16 pairs).
 """
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
-__all__ = ["fused_moe", "moe_align"]
+__all__ = ["fused_moe", "moe_align", "route"]
+
+PER_PAIR_MAX_PAIRS = 16
+
+
+@triton.jit
+def _route_kernel(logits_ptr, weights_ptr, ids_ptr, stride_l, num_experts, TOP_K: tl.constexpr,
+                  BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, RENORMALIZE: tl.constexpr):
+    token = tl.program_id(0).to(tl.int64)
+    experts = tl.arange(0, BLOCK_E)
+    x = tl.load(logits_ptr + token * stride_l + experts, mask=experts < num_experts, other=float("-inf"))
+    x = x.to(tl.float32)
+    p = tl.exp(x - tl.max(x, 0))
+    p = p / tl.sum(p, 0)                                        # softmax; experts past the last are 0
+    slots = tl.arange(0, BLOCK_K)
+    weights = tl.zeros([BLOCK_K], tl.float32)
+    ids = tl.zeros([BLOCK_K], tl.int32)
+    for i in tl.static_range(TOP_K):                            # the largest left, TOP_K times
+        best = tl.max(p, 0)
+        pick = tl.min(tl.where(p == best, experts, BLOCK_E), 0)     # the lowest id among equals
+        weights = tl.where(slots == i, best, weights)
+        ids = tl.where(slots == i, pick, ids)
+        p = tl.where(experts == pick, -1.0, p)
+    if RENORMALIZE:
+        weights = weights / tl.sum(weights, 0)                  # slots past TOP_K hold 0
+    tl.store(weights_ptr + token * TOP_K + slots, weights, mask=slots < TOP_K)
+    tl.store(ids_ptr + token * TOP_K + slots, ids, mask=slots < TOP_K)
+
+
+def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """What moe.select_experts computes, in one launch: (weights [num_tokens, top_k] float32, expert ids
+    int32), largest first."""
+    num_tokens, num_experts = router_logits.shape
+    assert router_logits.stride(-1) == 1 and top_k <= num_experts
+    weights = torch.empty(num_tokens, top_k, dtype=torch.float32, device=router_logits.device)
+    ids = torch.empty(num_tokens, top_k, dtype=torch.int32, device=router_logits.device)
+    _route_kernel[(num_tokens,)](router_logits, weights, ids, router_logits.stride(0), num_experts, TOP_K=top_k,
+                                 BLOCK_E=triton.next_power_of_2(num_experts),
+                                 BLOCK_K=triton.next_power_of_2(top_k), RENORMALIZE=renormalize)
+    return weights, ids
 
 
 def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -96,6 +145,15 @@ def _down_kernel(h_ptr, w_ptr, y_ptr, weights_ptr, sorted_ptr, experts_ptr, num_
     tl.store(y_ptr + row[:, None] * N + cols[None, :], y.to(dtype), mask=valid[:, None] & col_ok[None, :])
 
 
+@functools.cache
+def one_pair_per_block(num_pairs: int, block_m: int, device: torch.device) -> torch.Tensor:
+    """moe_align's sorted ids when block b holds pair b alone: [num_pairs * block_m] int32 (made once per
+    size, before any CUDA graph capture reads it)."""
+    ids = torch.full((num_pairs, block_m), num_pairs, dtype=torch.int32, device=device)
+    ids[:, 0] = torch.arange(num_pairs, dtype=torch.int32, device=device)
+    return ids.flatten()
+
+
 def _block_m(num_pairs: int, num_experts: int) -> int:
     """Rows per block: small when few pairs reach each expert (decode), larger for prefill."""
     per_expert = num_pairs / num_experts
@@ -110,8 +168,12 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     num_experts, inter = w2.shape[0], w2.shape[2]
     top_k = topk_ids.shape[1]
     pairs = num_tokens * top_k
-    block_m = _block_m(pairs, num_experts)
-    sorted_ids, block_experts = moe_align(topk_ids, num_experts, block_m)
+    if pairs <= PER_PAIR_MAX_PAIRS:                 # decode: a block per pair, no sort
+        block_m = 16
+        sorted_ids, block_experts = one_pair_per_block(pairs, block_m, x.device), topk_ids.flatten().to(torch.int32)
+    else:
+        block_m = _block_m(pairs, num_experts)
+        sorted_ids, block_experts = moe_align(topk_ids, num_experts, block_m)
     x, w13, w2 = x.contiguous(), w13.contiguous(), w2.contiguous()
     h = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
     # decode: few experts active, each with a row or two; narrower column tiles give the GPU more programs
@@ -124,4 +186,4 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     grid = (len(block_experts), triton.cdiv(hidden, block_n))
     _down_kernel[grid](h, w2, y, topk_weights.flatten().float().contiguous(), sorted_ids, block_experts, pairs, inter,
                        hidden, w2.stride(0), w2.stride(1), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
-    return y.view(num_tokens, top_k, hidden).sum(dim=1, dtype=torch.float32).to(x.dtype)
+    return y.view(num_tokens, top_k, hidden).sum(dim=1)     # accumulated in float32, rounded once

@@ -6,7 +6,7 @@ import torch
 from nanovllm.layers.moe import fused_moe_ref, select_experts
 
 triton = pytest.importorskip("triton")
-from nanovllm.layers.triton_moe import fused_moe, moe_align  # noqa: E402
+from nanovllm.layers.triton_moe import fused_moe, moe_align, route  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -14,8 +14,10 @@ DTYPES = [torch.bfloat16, torch.float16] if CUDA else [torch.float32]
 TOL = {torch.float32: dict(atol=1e-4, rtol=1e-4), torch.float16: dict(atol=2e-3, rtol=2e-2),
        torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
 # (tokens, experts, top_k, hidden, intermediate): Qwen3-30B-A3B's layer on a GPU (128 experts, top 8,
-# 2048 hidden, 768 intermediate), tiny ones in the interpreter
-SHAPES = ([(1, 128, 8, 2048, 768), (7, 128, 8, 2048, 768), (300, 128, 8, 2048, 768), (64, 8, 2, 512, 320)] if CUDA
+# 2048 hidden, 768 intermediate), tiny ones in the interpreter; up to PER_PAIR_MAX_PAIRS (token, slot) pairs
+# take the unsorted decode path (5 x 2 pairs over 8 experts: some pairs share an expert)
+SHAPES = ([(1, 128, 8, 2048, 768), (2, 128, 8, 2048, 768), (7, 128, 8, 2048, 768), (300, 128, 8, 2048, 768),
+           (64, 8, 2, 512, 320)] if CUDA
           else [(1, 4, 2, 64, 32), (5, 8, 2, 64, 48), (40, 4, 3, 32, 80)])
 
 
@@ -50,3 +52,18 @@ def test_fused_moe_matches_reference(dtype, num_tokens, num_experts, top_k, hidd
     got = fused_moe(x, w13, w2, weights, ids)
     want = fused_moe_ref(x.float(), w13.float(), w2.float(), weights, ids).to(dtype)
     torch.testing.assert_close(got, want, **TOL[dtype])
+
+
+@pytest.mark.parametrize("num_tokens, num_experts, top_k", [(1, 128, 8), (37, 128, 8), (5, 60, 4), (3, 8, 2)])
+@pytest.mark.parametrize("renormalize", [True, False])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_route_matches_select_experts(num_tokens, num_experts, top_k, renormalize, dtype):
+    """The one-launch router: the same experts, largest first, and the same weights as select_experts.
+    Logits are distinct and exact in every dtype (multiples of 1/16): ties may order differently in topk."""
+    torch.manual_seed(num_tokens * num_experts)
+    logits = torch.stack([torch.randperm(num_experts) for _ in range(num_tokens)]) / 16 - num_experts / 32
+    logits = logits.to(DEVICE, dtype)
+    weights, ids = route(logits, top_k, renormalize)
+    want_weights, want_ids = select_experts(logits, top_k, renormalize)
+    assert ids.dtype == torch.int32 and torch.equal(ids.long(), want_ids)
+    torch.testing.assert_close(weights, want_weights, rtol=1e-5, atol=1e-6)
