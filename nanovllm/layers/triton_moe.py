@@ -47,6 +47,7 @@ def _route_kernel(logits_ptr, weights_ptr, ids_ptr, stride_l, num_experts, TOP_K
     for i in tl.static_range(TOP_K):                            # the largest left, TOP_K times
         best = tl.max(p, 0)
         pick = tl.min(tl.where(p == best, experts, BLOCK_E), 0)     # the lowest id among equals
+        pick = tl.minimum(pick, num_experts - 1)   # NaN logits (a CUDA graph's padding row) still name an expert
         weights = tl.where(slots == i, best, weights)
         ids = tl.where(slots == i, pick, ids)
         p = tl.where(experts == pick, -1.0, p)

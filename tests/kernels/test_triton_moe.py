@@ -67,3 +67,11 @@ def test_route_matches_select_experts(num_tokens, num_experts, top_k, renormaliz
     want_weights, want_ids = select_experts(logits, top_k, renormalize)
     assert ids.dtype == torch.int32 and torch.equal(ids.long(), want_ids)
     torch.testing.assert_close(weights, want_weights, rtol=1e-5, atol=1e-6)
+
+
+def test_route_names_a_valid_expert_for_nan_logits():
+    """A padding row of a CUDA graph may carry NaN; its expert ids must still index the weights."""
+    logits = torch.full((2, 8), float("nan"), device=DEVICE)
+    logits[1] = torch.arange(8.0)
+    _, ids = route(logits, 2, True)
+    assert ids.min() >= 0 and ids.max() < 8 and ids[1].tolist() == [7, 6]
