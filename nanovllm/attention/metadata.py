@@ -27,6 +27,8 @@ class AttentionMetadata:
     num_decode_splits: int = 1    # split-KV factor of the decode kernel (fixed per CUDA graph)
     decode_order: torch.Tensor | None = None   # [decode rows] int32: by descending context (launch order)
     tiles: torch.Tensor | None = None          # [capacity, 2] int32 tile map of a prefill/mixed CUDA graph
+    decode_context_lens: torch.Tensor | None = None   # a mixed graph's first rows for the decode kernel:
+                                                      # [rows] int32, a decode's context or 0 (not a decode)
     shared: torch.Tensor | None = None         # [2 + num_seqs] int32: cascade attention's plan (shared_prefix)
 
 

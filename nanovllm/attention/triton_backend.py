@@ -35,13 +35,22 @@ class TritonBackend:
         if not meta.is_prefill:
             return decode_attention(q, cache, meta.block_tables, meta.context_lens, scale, meta.num_decode_splits,
                                     order=meta.decode_order, shared=meta.shared)
-        n = meta.num_decodes if meta.tiles is None else 0
-        if n == 0:   # a CUDA graph's tile map gives each decode row a 16-query tile of its own
+        # A mixed step's decode rows (first) go to the decode kernel, which reads each KV head once for all
+        # its query heads and splits long contexts; in the prefill kernel each would fill a query tile alone
+        # and read its keys once per query head
+        if meta.tiles is not None:   # a CUDA graph: a decode launch over its first rows (context 0: no decode)
+            out = None
+            if meta.decode_context_lens is not None:
+                rows = meta.decode_context_lens.shape[0]
+                out = torch.empty_like(q)
+                decode_attention(q[:rows], cache, meta.block_tables[:rows], meta.decode_context_lens, scale,
+                                 meta.num_decode_splits, out=out[:rows])
             return prefill_attention(q, cache, meta.block_tables, meta.context_lens, meta.cu_seqlens_q,
-                                     meta.max_seqlen_q, scale, tiles=meta.tiles)
-        # An eager mixed step: its decode rows (first) go to the decode kernel, which reads each KV head
-        # once for all its query heads and splits long contexts; in the prefill kernel each would fill a
-        # 64-query tile alone
+                                     meta.max_seqlen_q, scale, tiles=meta.tiles, out=out)
+        n = meta.num_decodes
+        if n == 0:
+            return prefill_attention(q, cache, meta.block_tables, meta.context_lens, meta.cu_seqlens_q,
+                                     meta.max_seqlen_q, scale)
         out = torch.empty_like(q)
         decode_attention(q[:n], cache, meta.block_tables[:n], meta.context_lens[:n], scale, meta.num_decode_splits,
                          order=meta.decode_order, out=out[:n])

@@ -132,11 +132,14 @@ def mixed_token_sizes(max_tokens: int) -> list[int]:
 class MixedGraphs:
     """CUDA graphs for steps that carry prefill chunks (with or without decodes), one per padded token
     count. What a prefill launch usually takes from the host (the longest chunk, the number of sequences)
-    is replaced by device buffers: the attention reads a tile map of (sequence, query tile) pairs
-    (triton_prefill.flat_tiles) and K/V are stored by slot. Sequences up to max_num_seqs; padding tokens
-    have slot -1 and belong to no tile, padding sequences have no query and context 0."""
+    is replaced by device buffers: the prefill kernel reads a tile map of (sequence, query tile) pairs
+    (triton_prefill.flat_tiles) and K/V are stored by slot. The decode rows (first in the batch, one token
+    each) go to the decode kernel, launched over the graph's first min(tokens, max_num_seqs) rows with a
+    context of 0 for rows that are not decodes (nothing read; the prefill kernel writes those rows after
+    it). Sequences up to max_num_seqs; padding tokens have slot -1 and belong to no tile, padding
+    sequences have no query and context 0."""
 
-    def __init__(self, model: torch.nn.Module, config, hidden_size: int, pool=None):
+    def __init__(self, model: torch.nn.Module, backend, config, hidden_size: int, num_kv_heads: int, pool=None):
         from nanovllm.attention.triton_prefill import FLAT_BLOCK_M, flat_tiles
         self.model, self.block_size, self.flat_tiles = model, config.kvcache_block_size, flat_tiles
         self.max_tokens = min(MIXED_MAX_TOKENS, config.max_num_batched_tokens)
@@ -144,17 +147,22 @@ class MixedGraphs:
         t, s = self.max_tokens, config.max_num_seqs
         self.max_seqs, self.max_blocks = s, (config.max_model_len + self.block_size - 1) // self.block_size
         self.capacity = {n: n // FLAT_BLOCK_M + min(n, s) for n in self.sizes}   # tiles per graph
+        self.decode_rows = {n: min(n, s) for n in self.sizes}                     # decode launch per graph
+        self.splits = {n: backend.plan_decode(rows, num_kv_heads, config.max_model_len)
+                       for n, rows in self.decode_rows.items()}
         tiles = self.capacity[self.sizes[-1]]
         # staging: [input_ids | positions | slot_mapping | source row | logit positions] x t: int64;
-        # [context_lens s | cu_seqlens_q s + 1 | tile map 2 * tiles | block_tables s * max_blocks]: int32
-        self.len64, self.len32 = 5 * t, 2 * s + 1 + 2 * tiles + s * self.max_blocks
+        # [context_lens s | decode contexts s | cu_seqlens_q s + 1 | tile map 2 * tiles | block_tables
+        # s * max_blocks]: int32
+        self.len64, self.len32 = 5 * t, 3 * s + 1 + 2 * tiles + s * self.max_blocks
         self.staging = PinnedDoubleBuffer([(self.len64, torch.int64), (self.len32, torch.int32)], "cuda")
         self.dev64, self.dev32 = self.staging.devices
         self.input_ids, self.positions, self.slots, self.src_rows = self.dev64[:4 * t].view(4, t)
         self.last_tokens = self.dev64[4 * t:]
-        self.context_lens, self.cu_seqlens_q = self.dev32[:s], self.dev32[s:2 * s + 1]
-        self.tiles = self.dev32[2 * s + 1:2 * s + 1 + 2 * tiles].view(tiles, 2)
-        self.block_tables = self.dev32[2 * s + 1 + 2 * tiles:].view(s, self.max_blocks)
+        self.context_lens, self.decode_ctx = self.dev32[:s], self.dev32[s:2 * s]
+        self.cu_seqlens_q = self.dev32[2 * s:3 * s + 1]
+        self.tiles = self.dev32[3 * s + 1:3 * s + 1 + 2 * tiles].view(tiles, 2)
+        self.block_tables = self.dev32[3 * s + 1 + 2 * tiles:].view(s, self.max_blocks)
         self.outputs = torch.zeros(t, hidden_size, dtype=config.dtype, device="cuda")
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.pool = pool
@@ -164,13 +172,15 @@ class MixedGraphs:
         return AttentionMetadata(is_prefill=True, slot_mapping=self.slots[:n], context_lens=self.context_lens,
                                  block_tables=self.block_tables, cu_seqlens_q=self.cu_seqlens_q,
                                  max_seqlen_q=n, max_seqlen_k=0, context_lens_cpu=[], cu_seqlens_q_cpu=[],
-                                 tiles=self.tiles[:self.capacity[n]])
+                                 tiles=self.tiles[:self.capacity[n]], num_decode_splits=self.splits[n],
+                                 decode_context_lens=self.decode_ctx[:self.decode_rows[n]])
 
     @torch.inference_mode()
     def _capture_all(self) -> None:
         self.slots.fill_(-1)                  # capture-time runs write no cache and read none
         self.tiles[:, 0] = -1
         self.context_lens.zero_()
+        self.decode_ctx.zero_()
         self.cu_seqlens_q.zero_()
         for n in reversed(self.sizes):
             graph = torch.cuda.CUDAGraph()
@@ -196,9 +206,9 @@ class MixedGraphs:
         h64, h32 = host64.numpy(), host32.numpy()
         ids, pos, slots, src = h64[:4 * t].reshape(4, t)
         last = h64[4 * t:]
-        ctx, cu = h32[:s], h32[s:2 * s + 1]
-        tiles = h32[2 * s + 1:2 * s + 1 + 2 * self.capacity[self.sizes[-1]]]
-        tables = h32[2 * s + 1 + len(tiles):].reshape(s, self.max_blocks)
+        ctx, decode_ctx, cu = h32[:s], h32[s:2 * s], h32[2 * s:3 * s + 1]
+        tiles = h32[3 * s + 1:3 * s + 1 + 2 * self.capacity[self.sizes[-1]]]
+        tables = h32[3 * s + 1 + len(tiles):].reshape(s, self.max_blocks)
         tables[:num_seqs] = -1
         src[:num_tokens] = -1
         gather = False
@@ -226,8 +236,11 @@ class MixedGraphs:
         slots[num_tokens:n] = -1
         ctx[num_seqs:] = 0
         cu[num_seqs + 1:] = num_tokens
+        decodes = batch.num_decodes                  # rows 0..decodes-1: one token each, row i is token i
+        decode_ctx[:decodes] = ctx[:decodes]
+        decode_ctx[decodes:self.decode_rows[n]] = 0
         cap = self.capacity[n]
-        tiles[:2 * cap] = self.flat_tiles(batch.num_new_tokens, cap).reshape(-1)
+        tiles[:2 * cap] = self.flat_tiles([0] * decodes + list(batch.num_new_tokens[decodes:]), cap).reshape(-1)
         read = batch.logit_positions(cu)
         last[:len(read)] = read
         self.staging.upload([host64, host32])

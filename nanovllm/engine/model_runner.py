@@ -74,7 +74,8 @@ class ModelRunner:
             layer = self.attention_layers[0]
             self.graphs = DecodeGraphs(self.model, self.backend, config, hf.hidden_size, layer.num_kv_heads)
             if self.backend.supports_mixed_graphs:
-                self.mixed_graphs = MixedGraphs(self.model, config, hf.hidden_size, pool=self.graphs.pool)
+                self.mixed_graphs = MixedGraphs(self.model, self.backend, config, hf.hidden_size, layer.num_kv_heads,
+                                                pool=self.graphs.pool)
             # sampled ids come back through two pinned buffers in turn, each with the event of its copy
             self._token_hosts = PinnedDoubleBuffer([(config.max_num_seqs, torch.int64)])
             self._events = [torch.cuda.Event(), torch.cuda.Event()]

@@ -209,6 +209,33 @@ def test_eager_mixed_step_sends_its_decode_rows_to_the_decode_kernel(kv_cache_dt
     assert rel_err(out, paged_attention_ref(q, cache, meta, 0.1)) < TOL[DTYPES[0]]
 
 
+@pytest.mark.parametrize("kv_cache_dtype", KV_DTYPES)
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_graph_mixed_step_sends_its_decode_rows_to_the_decode_kernel(kv_cache_dtype, num_splits):
+    """A mixed step as its CUDA graph launches it (cuda_graph.MixedGraphs): the decode kernel over the
+    graph's first rows, contexts 0 past the decodes (prompt rows and padding: nothing read), then the
+    prefill kernel over a tile map without the decode rows, writing the prompt rows after it. Equal to the
+    reference on the step's rows."""
+    import dataclasses
+
+    from nanovllm.attention.triton_backend import TritonBackend
+    query_lens, context_lens = MIXED_SHAPE
+    num_decodes = query_lens.index(max(query_lens))
+    q, cache, meta = make_case(query_lens, context_lens, 4, 2, HEAD_DIMS[-1], 16, DTYPES[0], DEVICE,
+                               kv_cache_dtype=kv_cache_dtype)
+    num_tokens = q.shape[0]
+    padded = torch.cat([q, torch.randn(5, *q.shape[1:], dtype=q.dtype, device=DEVICE)])   # the graph's size
+    rows = min(len(padded), len(context_lens) + 2)      # min(tokens, max_num_seqs): past the step's sequences
+    tables = torch.cat([meta.block_tables, torch.full_like(meta.block_tables[:2], -1)])
+    decode_ctx = torch.zeros(rows, dtype=torch.int32, device=DEVICE)
+    decode_ctx[:num_decodes] = meta.context_lens[:num_decodes]
+    tiles = torch.from_numpy(flat_tiles([0] * num_decodes + query_lens[num_decodes:], 12)).to(DEVICE)
+    graph_meta = dataclasses.replace(meta, block_tables=tables, tiles=tiles, num_decode_splits=num_splits,
+                                     decode_context_lens=decode_ctx)
+    out = TritonBackend().forward(padded, cache, graph_meta, 0.1)
+    assert rel_err(out[:num_tokens], paged_attention_ref(q, cache, meta, 0.1)) < TOL[DTYPES[0]]
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("heads", GQA)
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
