@@ -66,8 +66,9 @@ def test_every_batch_size_runs_on_a_graph(tmp_path):
 
 
 def test_every_mixed_graph_size_matches_eager(tmp_path):
-    """Steps with prefill chunks of exactly every captured token count, one less and one more: the graph's
-    logits equal the eager forward's for the same batch."""
+    """Steps with prefill chunks of exactly every captured token count, one less and one more, most with
+    decode rows first (the graph's decode-kernel launch): the graph's logits equal the eager forward's for
+    the same batch."""
     from nanovllm.attention.metadata import use_metadata
     from nanovllm.engine.scheduler import ScheduledBatch
     from nanovllm.engine.sequence import Sequence
@@ -77,12 +78,20 @@ def test_every_mixed_graph_size_matches_eager(tmp_path):
     runner, rng = llm.model_runner, random.Random(2)
     assert runner.mixed_graphs.sizes == [64, 128, 192, 256, 320, 384, 400]
     for n in sorted({m + d for m in runner.mixed_graphs.sizes for d in (-1, 0, 1)} - {401}):
-        cuts = sorted(rng.sample(range(1, n), min(rng.randrange(1, 32), n - 1)))
-        lens = [b - a for a, b in zip([0] + cuts, cuts + [n])]
+        decodes = [Sequence([rng.randrange(256) for _ in range(rng.randrange(2, 300))])
+                   for _ in range(rng.randrange(0, 6))]
+        for seq in decodes:      # its prompt but the last token in the cache: a decode row's state
+            llm.scheduler.block_manager.allocate(seq)
+            runner.forward_logits(ScheduledBatch([seq], [len(seq) - 1]))
+            seq.num_computed_tokens = len(seq) - 1
+        chunked = n - len(decodes)                               # tokens of the prefill chunks
+        cuts = sorted(rng.sample(range(1, chunked), min(rng.randrange(1, 32 - len(decodes)), chunked - 1)))
+        lens = [b - a for a, b in zip([0] + cuts, cuts + [chunked])]
         seqs = [Sequence([rng.randrange(256) for _ in range(m + (i % 3 == 2))]) for i, m in enumerate(lens)]
         for seq in seqs:
             llm.scheduler.block_manager.allocate(seq)
-        batch = ScheduledBatch(seqs, lens)        # every third sequence a chunk: nothing to sample
+        seqs = decodes + seqs    # every third chunk does not reach its end: nothing to sample
+        batch = ScheduledBatch(seqs, [1] * len(decodes) + lens, num_decodes=len(decodes))
         assert runner._graphs_for(batch) is runner.mixed_graphs and batch.sample_rows
         graph_logits, rows = runner.forward_logits(batch)
         with torch.inference_mode():
