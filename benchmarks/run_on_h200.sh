@@ -45,7 +45,7 @@ for mode in "${@:-checks}"; do
 case "$mode" in
   checks)
     # engine-level tests first, the AWQ kernels' (the longest) last: a run cut off by its limit has checked the rest
-    timeout ${CHECKS_TIMEOUT:-480} python -m pytest -q -p no:cacheprovider tests/test_gpu.py tests/test_architectures.py \
+    timeout ${CHECKS_TIMEOUT:-480} python -m pytest -v -p no:cacheprovider tests/test_gpu.py tests/test_architectures.py \
       tests/kernels/test_triton_moe.py tests/test_speculative.py tests/awq \
       2>&1 | tee "$OUT/gpu_tests.log" | tail -15
     ;;
