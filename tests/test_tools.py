@@ -75,3 +75,18 @@ def test_bench_runs_and_records_the_floor(tmp_path):
     assert len(record["runs_seconds"]) == 3 and sorted(record["runs_seconds"])[1] == round(record["seconds"], 3)
     assert record["workload"] == "random" and record["floor"]["floor_s"] > 0 and record["seconds_over_floor"] > 1
     assert record["floor"]["min_steps"] == 100 and record["step_stats"]["prefill_steps"] == 1
+
+
+def test_floor_counts_the_weights_a_token_reads(monkeypatch):
+    """bench.active_params: every weight of a dense model but the embedding; an MoE layer's router and top_k
+    experts only (Qwen3-30B-A3B: about 3B of its 30B, as its name says)."""
+    monkeypatch.syspath_prepend(ROOT)
+    from bench import active_params
+    from nanovllm.config import load_hf_config
+    from nanovllm.configs import shipped_config_dir
+    dense = load_hf_config(shipped_config_dir("Qwen3-0.6B"))
+    per_layer = dense.hidden_size * dense.head_dim * (2 * dense.num_attention_heads + 2 * dense.num_key_value_heads) \
+        + 3 * dense.hidden_size * dense.intermediate_size
+    assert active_params(dense) == dense.num_hidden_layers * per_layer + dense.hidden_size * dense.vocab_size
+    moe = load_hf_config(shipped_config_dir("Qwen3-30B-A3B"))
+    assert 2.9e9 < active_params(moe) < 3.2e9
