@@ -89,4 +89,9 @@ def test_floor_counts_the_weights_a_token_reads(monkeypatch):
         + 3 * dense.hidden_size * dense.intermediate_size
     assert active_params(dense) == dense.num_hidden_layers * per_layer + dense.hidden_size * dense.vocab_size
     moe = load_hf_config(shipped_config_dir("Qwen3-30B-A3B"))
-    assert 2.9e9 < active_params(moe) < 3.2e9
+    active = active_params(moe)
+    assert 2.9e9 < active < 3.2e9
+    moe.intermediate_size *= 100          # the dense MLP size plays no part where every layer is sparse
+    assert active_params(moe) == active
+    moe.mlp_only_layers = [0]             # ...until a layer is dense
+    assert active_params(moe) > active
