@@ -41,6 +41,8 @@ def test_greedy_ids_equal_transformers(pair):
 def test_first_step_logits_close_to_transformers(pair):
     path, hf = pair
     llm = LLM(path, kvcache_block_size=16, num_kvcache_blocks=64, max_model_len=256)
+    tables = {layer.self_attn.rotary_emb.cos_sin_cache.data_ptr() for layer in llm.model_runner.model.model.layers}
+    assert len(tables) == 1                          # one RoPE table for all layers
     seqs = [Sequence(p) for p in PROMPTS]
     for seq in seqs:
         llm.scheduler.block_manager.allocate(seq)

@@ -44,10 +44,14 @@ class ArchSpec:
         return bool(getattr(config, value, False)) if isinstance(value, str) else value
 
 
+def head_dim_of(config) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
 class DecoderAttention(nn.Module):
-    def __init__(self, config, spec: ArchSpec, quant_config=None):
+    def __init__(self, config, spec: ArchSpec, quant_config, rotary_emb: RotaryEmbedding):
         super().__init__()
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.head_dim = head_dim_of(config)
         self.qkv_proj = QKVParallelLinear(config.hidden_size, self.head_dim, config.num_attention_heads,
                                           config.num_key_value_heads, spec.flag("qkv_bias", config),
                                           quant_method=quant_config and quant_config.method_for("qkv_proj"))
@@ -56,7 +60,7 @@ class DecoderAttention(nn.Module):
         self.o_proj = RowParallelLinear(config.num_attention_heads * self.head_dim, config.hidden_size,
                                         spec.flag("o_bias", config),
                                         quant_method=quant_config and quant_config.method_for("o_proj"))
-        self.rotary_emb = RotaryEmbedding(config, self.head_dim)
+        self.rotary_emb = rotary_emb          # shared by every layer (DecoderModel)
         self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim ** -0.5)
         self.q_norm = self.k_norm = None
         if spec.qk_norm:
@@ -112,9 +116,9 @@ def is_sparse_layer(config, index: int) -> bool:
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config, spec: ArchSpec, quant_config=None, index: int = 0):
+    def __init__(self, config, spec: ArchSpec, quant_config, index: int, rotary_emb: RotaryEmbedding):
         super().__init__()
-        self.self_attn = DecoderAttention(config, spec, quant_config)
+        self.self_attn = DecoderAttention(config, spec, quant_config, rotary_emb)
         if spec.moe and is_sparse_layer(config, index):
             self.mlp = SparseMoeBlock(config)
         else:
@@ -137,7 +141,10 @@ class DecoderModel(nn.Module):
     def __init__(self, config, spec: ArchSpec, quant_config=None):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList([DecoderLayer(config, spec, quant_config, i)
+        # one cos/sin table for all layers: [max_position_embeddings, head_dim] float32 is 64 MB for Llama 3.1's
+        # 131,072 positions, which a table per layer would take 32 times from the KV cache
+        rotary_emb = RotaryEmbedding(config, head_dim_of(config))
+        self.layers = nn.ModuleList([DecoderLayer(config, spec, quant_config, i, rotary_emb)
                                      for i in range(config.num_hidden_layers)])
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
