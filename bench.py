@@ -167,7 +167,8 @@ def run_nanovllm(args, model, load_format, w: Workload) -> dict:
     from nanovllm.engine.cuda_graph import MIXED_MAX_TOKENS
     started = time.perf_counter()
     settings = {k: v for k, v in (("max_num_seqs", args.max_num_seqs),
-                                  ("max_num_batched_tokens", args.max_num_batched_tokens)) if v is not None}
+                                  ("max_num_batched_tokens", args.max_num_batched_tokens),
+                                  ("kvcache_block_size", args.kvcache_block_size)) if v is not None}
     llm = LLM(model, load_format=load_format, enforce_eager=args.enforce_eager, max_model_len=args.max_model_len,
               kv_cache_dtype=args.kv_cache_dtype, tensor_parallel_size=args.tensor_parallel_size,
               attention_backend=args.attention_backend, enable_prefix_caching=not args.no_prefix_caching,
@@ -259,6 +260,8 @@ def main():
     parser.add_argument("--max-model-len", type=int, default=None, help="default: the longest request, at least 4096")
     parser.add_argument("--max-num-seqs", type=int, default=None, help="default: Config's")
     parser.add_argument("--max-num-batched-tokens", type=int, default=None, help="default: Config's")
+    parser.add_argument("--kvcache-block-size", type=int, default=None,
+                        help="default: Config's (256); prefix caching shares whole blocks only")
     parser.add_argument("--no-prefix-caching", action="store_true")
     parser.add_argument("--enable-cascade-attention", action=argparse.BooleanOptionalAction, default=True,
                         help="decode reads a prefix shared through the cache once per step for its sharers")

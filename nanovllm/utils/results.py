@@ -32,9 +32,11 @@ WORKLOAD_ORDER = ("random", "short", "long", "prefix", "prefix + cascade", "shar
 
 
 def workload_label(record: dict) -> str:
-    """A bench record's workload, "+ cascade" when cascade attention was on."""
-    cascade = record.get("settings", {}).get("enable_cascade_attention")
-    return record.get("workload", "random") + (" + cascade" if cascade else "")
+    """A bench record's workload, "+ cascade" when cascade attention was on, the KV block size if not the
+    default."""
+    settings = record.get("settings", {})
+    block = f" (blocks of {settings['kvcache_block_size']})" if settings.get("kvcache_block_size") else ""
+    return record.get("workload", "random") + (" + cascade" if settings.get("enable_cascade_attention") else "") + block
 
 
 def latest_bench(root: str) -> dict[str, dict[tuple[str, str], dict]]:
@@ -42,10 +44,11 @@ def latest_bench(root: str) -> dict[str, dict[tuple[str, str], dict]]:
     settings."""
     table: dict[str, dict[tuple[str, str], dict]] = {}
     for _, r in load_records(root, "bench/*.json"):
-        if (r.get("engine") != "nanovllm" or r.get("settings", {}).get("max_num_seqs")
+        settings = r.get("settings", {})
+        if (r.get("engine") != "nanovllm" or settings.get("max_num_seqs") or settings.get("kvcache_block_size")
                 or r.get("model") != HEADLINE_MODEL):
             continue
-        key = (workload_label(r), r["settings"].get("kv_cache_dtype", "auto"))
+        key = (workload_label(r), settings.get("kv_cache_dtype", "auto"))
         slot = table.setdefault(r["gpu"], {})
         if key not in slot or r["date"] > slot[key]["date"]:
             slot[key] = r
