@@ -51,3 +51,8 @@ def slots_for(meta, block_size, query_lens):
         for pos in range(ctx - n, ctx):
             slots.append(int(meta.block_tables[i, pos // block_size]) * block_size + pos % block_size)
     return torch.tensor(slots, dtype=torch.int64, device=meta.block_tables.device)
+
+
+def rel_err(a, b) -> float:
+    """Relative error of a against b (Frobenius norms, float32)."""
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()

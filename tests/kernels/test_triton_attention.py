@@ -1,7 +1,7 @@
 """Triton attention kernels against the plain-PyTorch reference (CPU: interpreter, tiny; GPU: real sizes)."""
 import pytest
 import torch
-from attention_cases import make_case, slots_for
+from attention_cases import make_case, rel_err, slots_for
 
 from nanovllm.attention.metadata import decode_order
 from nanovllm.attention.torch_ref import paged_attention_ref, store_kv_ref
@@ -9,7 +9,7 @@ from nanovllm.quant.kv import LayerKVCache, allocate, dequantize_ref, quantize_r
 
 triton = pytest.importorskip("triton")
 from nanovllm.attention.triton_decode import decode_attention, num_decode_splits  # noqa: E402
-from nanovllm.attention.triton_prefill import flat_tiles, prefill_attention  # noqa: E402
+from nanovllm.attention.triton_prefill import prefill_attention  # noqa: E402
 from nanovllm.attention.triton_store import store_kv, store_prompt_kv  # noqa: E402
 from nanovllm.attention.triton_tiles import round_rows_to_int8  # noqa: E402
 
@@ -28,10 +28,6 @@ GQA = [(4, 4), (4, 2), (8, 2)] if not CUDA else [(16, 8), (32, 8), (8, 8), (32, 
 HEAD_DIMS = [64, 128] if CUDA else [32, 64]
 BLOCK_SIZES = [16, 32] if not CUDA else [16, 64, 256]
 KV_DTYPES = ["auto", "int8", "fp8"]
-
-
-def rel_err(a, b):
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -159,81 +155,6 @@ def test_prefill_matches_reference(dtype, heads, head_dim, block_size, shape, kv
                             scale)
     ref = paged_attention_ref(q, cache, meta, scale)
     assert rel_err(out, ref) < TOL[dtype]
-
-
-def test_flat_tile_map_lists_every_query_tile_then_padding():
-    tiles = flat_tiles([1, 40, 16, 17], capacity=10)
-    assert tiles.tolist() == [[0, 0], [1, 0], [1, 1], [1, 2], [2, 0], [3, 0], [3, 1], [-1, 0], [-1, 0], [-1, 0]]
-    with pytest.raises(AssertionError):
-        flat_tiles([40], capacity=2)
-
-
-# a mixed step: decodes (one query over a long context) beside prompt chunks, one of them after a prefix hit
-MIXED_SHAPE = ([1, 1, 1, 37, 5], [90, 3, 41, 37, 60]) if not CUDA else \
-    ([1] * 200 + [700, 33], [1500] * 200 + [700, 900])
-
-
-@pytest.mark.parametrize("kv_cache_dtype", KV_DTYPES)
-@pytest.mark.parametrize("spare_tiles", [0, 7])
-def test_prefill_by_tile_map_matches_reference(kv_cache_dtype, spare_tiles):
-    """The launch a CUDA graph captures: a fixed grid over a tile map with padding entries, padding query
-    rows past the step's tokens (left unwritten); the step's rows equal the reference."""
-    query_lens, context_lens = MIXED_SHAPE
-    q, cache, meta = make_case(query_lens, context_lens, 4, 2, HEAD_DIMS[-1], 16, DTYPES[0], DEVICE,
-                               kv_cache_dtype=kv_cache_dtype)
-    num_tokens = q.shape[0]
-    padded = torch.cat([q, torch.randn(5, *q.shape[1:], dtype=q.dtype, device=DEVICE)])
-    tiles = flat_tiles(query_lens)
-    tiles = torch.from_numpy(flat_tiles(query_lens, len(tiles) + spare_tiles)).to(DEVICE)
-    out = prefill_attention(padded, cache, meta.block_tables, meta.context_lens, meta.cu_seqlens_q, 0, 0.1,
-                            tiles=tiles)
-    ref = paged_attention_ref(q, cache, meta, 0.1)
-    assert rel_err(out[:num_tokens], ref) < TOL[DTYPES[0]]
-
-
-@pytest.mark.parametrize("kv_cache_dtype", KV_DTYPES)
-@pytest.mark.parametrize("num_splits", [1, 2])
-def test_eager_mixed_step_sends_its_decode_rows_to_the_decode_kernel(kv_cache_dtype, num_splits):
-    """An eager mixed step through the backend: the decode rows (first) by the decode kernel, the prompt
-    chunks by the prefill kernel from the first chunk on (first_seq), one output; equal to the reference."""
-    import dataclasses
-
-    from nanovllm.attention.triton_backend import TritonBackend
-    query_lens, context_lens = MIXED_SHAPE
-    num_decodes = query_lens.index(max(query_lens))
-    q, cache, meta = make_case(query_lens, context_lens, 4, 2, HEAD_DIMS[-1], 16, DTYPES[0], DEVICE,
-                               kv_cache_dtype=kv_cache_dtype)
-    order = torch.from_numpy(decode_order(context_lens[:num_decodes])).to(DEVICE)
-    meta = dataclasses.replace(meta, num_decodes=num_decodes, num_decode_splits=num_splits, decode_order=order)
-    out = TritonBackend().forward(q, cache, meta, 0.1)
-    assert rel_err(out, paged_attention_ref(q, cache, meta, 0.1)) < TOL[DTYPES[0]]
-
-
-@pytest.mark.parametrize("kv_cache_dtype", KV_DTYPES)
-@pytest.mark.parametrize("num_splits", [1, 2])
-def test_graph_mixed_step_sends_its_decode_rows_to_the_decode_kernel(kv_cache_dtype, num_splits):
-    """A mixed step as its CUDA graph launches it (cuda_graph.MixedGraphs): the decode kernel over the
-    graph's first rows, contexts 0 past the decodes (prompt rows and padding: nothing read), then the
-    prefill kernel over a tile map without the decode rows, writing the prompt rows after it. Equal to the
-    reference on the step's rows."""
-    import dataclasses
-
-    from nanovllm.attention.triton_backend import TritonBackend
-    query_lens, context_lens = MIXED_SHAPE
-    num_decodes = query_lens.index(max(query_lens))
-    q, cache, meta = make_case(query_lens, context_lens, 4, 2, HEAD_DIMS[-1], 16, DTYPES[0], DEVICE,
-                               kv_cache_dtype=kv_cache_dtype)
-    num_tokens = q.shape[0]
-    padded = torch.cat([q, torch.randn(5, *q.shape[1:], dtype=q.dtype, device=DEVICE)])   # the graph's size
-    rows = min(len(padded), len(context_lens) + 2)      # min(tokens, max_num_seqs): past the step's sequences
-    tables = torch.cat([meta.block_tables, torch.full_like(meta.block_tables[:2], -1)])
-    decode_ctx = torch.zeros(rows, dtype=torch.int32, device=DEVICE)
-    decode_ctx[:num_decodes] = meta.context_lens[:num_decodes]
-    tiles = torch.from_numpy(flat_tiles([0] * num_decodes + query_lens[num_decodes:], 12)).to(DEVICE)
-    graph_meta = dataclasses.replace(meta, block_tables=tables, tiles=tiles, num_decode_splits=num_splits,
-                                     decode_context_lens=decode_ctx)
-    out = TritonBackend().forward(padded, cache, graph_meta, 0.1)
-    assert rel_err(out[:num_tokens], paged_attention_ref(q, cache, meta, 0.1)) < TOL[DTYPES[0]]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -2,7 +2,7 @@
 and the host's plan of which rows share what (CPU: interpreter, tiny; GPU: real sizes)."""
 import pytest
 import torch
-from attention_cases import make_case
+from attention_cases import make_case, rel_err
 
 from nanovllm.attention.metadata import decode_order
 from nanovllm.attention.torch_ref import paged_attention_ref
@@ -17,10 +17,6 @@ TOL = {torch.float16: 2e-2, torch.bfloat16: 3e-2}
 GQA = [(4, 2)] if not CUDA else [(16, 8), (32, 8), (8, 8), (32, 4)]
 HEAD_DIMS = [64] if not CUDA else [128]
 KV_DTYPES = ["auto", "int8", "fp8"]
-
-
-def rel_err(a, b):
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
 # cascade: rows sharing their first blocks (a prefix-cache hit), more rows than one shared-prefix program holds
