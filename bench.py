@@ -35,6 +35,7 @@ import torch
 
 from nanovllm.config import load_hf_config
 from nanovllm.configs import shipped_config_dir, shipped_config_names
+from nanovllm.models.decoder import head_dim_of, is_sparse_layer
 from nanovllm.utils.results import results_path, save_record
 
 DEFAULT_MODEL = "~/huggingface/Qwen3-0.6B/"
@@ -108,15 +109,12 @@ def measured_rates(device: str) -> tuple[float, float]:
 def active_params(cfg) -> int:
     """Weights one token reads: attention and MLP of every layer (a sparse MoE layer's router and its top_k
     experts only) and the LM head."""
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     hidden, experts = cfg.hidden_size, getattr(cfg, "num_experts", 0) or 0
     total = hidden * cfg.vocab_size
     for i in range(cfg.num_hidden_layers):
-        total += hidden * head_dim * (2 * cfg.num_attention_heads + 2 * cfg.num_key_value_heads)
-        sparse = experts and i not in (getattr(cfg, "mlp_only_layers", None) or []) \
-            and (i + 1) % getattr(cfg, "decoder_sparse_step", 1) == 0
-        total += (hidden * experts + 3 * hidden * cfg.moe_intermediate_size * cfg.num_experts_per_tok if sparse
-                  else 3 * hidden * cfg.intermediate_size)
+        total += hidden * head_dim_of(cfg) * (2 * cfg.num_attention_heads + 2 * cfg.num_key_value_heads)
+        total += (hidden * experts + 3 * hidden * cfg.moe_intermediate_size * cfg.num_experts_per_tok
+                  if experts and is_sparse_layer(cfg, i) else 3 * hidden * cfg.intermediate_size)
     return total
 
 
@@ -124,7 +122,7 @@ def physical_floor(model_dir: str, w: Workload, kv_cache_dtype: str, max_num_seq
                    rates: tuple[float, float]) -> dict:
     """Seconds this workload needs at least on this GPU (see the module docstring), and its parts."""
     cfg = load_hf_config(model_dir)
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    head_dim = head_dim_of(cfg)
     layers, heads = cfg.num_hidden_layers, cfg.num_attention_heads
     value_bytes = 2 if kv_cache_dtype == "auto" else 1 + 4 / head_dim      # 1-byte values + a float32 scale
     kv_per_token = 2 * layers * cfg.num_key_value_heads * head_dim * value_bytes

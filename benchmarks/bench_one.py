@@ -62,7 +62,7 @@ def main():
     random.seed(0)
     path = shipped_config_dir(args.model)
     path = with_awq_config(path) if args.weights == "awq" else path
-    copy_rate = measured_rates("cuda")[0]          # before the engine takes the memory
+    copy_rate = measured_rates("cuda")[0] if args.weights == "bf16" else None   # before the engine takes memory
     llm = LLM(path, load_format="dummy", dtype="bfloat16", max_model_len=4096, max_num_seqs=max(args.num_seqs, 1))
     tpot = tpot_batch1(llm)
     floor = {}
