@@ -23,6 +23,7 @@
 #   bash benchmarks/run_on_h200.sh archs     # bench.py on dummy Llama-3.1-8B vs Qwen3-8B, Llama-3.2-1B int8 vs bf16
 #                                             (median of 3, ~4 min)
 #   bash benchmarks/run_on_h200.sh moe       # dummy Qwen3-30B-A3B: batch-1 TPOT (bench_one.py) and bench.py
+#   bash benchmarks/run_on_h200.sh moe-kernels # fused MoE launch settings ($MOE_SETTINGS), batch-1 decode profile
 #   bash benchmarks/run_on_h200.sh runbatch  # run_batch's loop against LLM.generate on the short workload
 #   bash benchmarks/run_on_h200.sh interrupt # Ctrl-C 3 s into a long generate returns promptly, the engine answers as before
 #   bash benchmarks/run_on_h200.sh codemodel # train the ~76M code model on the stdlib (4 min), then n-gram speculation
@@ -129,6 +130,16 @@ case "$mode" in
       timeout 150 python bench.py --model $spec --repeat 3 --out "$OUT/bench-$name.json" 2>&1 | tail -1 | cut -c1-300
       pack
     done
+    ;;
+  moe-kernels)   # fused MoE launch settings at Qwen3-30B-A3B's sizes ($MOE_SETTINGS), batch-1 decode profile
+    timeout 200 python benchmarks/bench_moe.py --tokens 1 2 8 64 --settings default ${MOE_SETTINGS:-gate_up=16/64/4/3,down=32/64/4/3 \
+      gate_up=32/128/4/3,down=64/128/4/3 gate_up=32/128/4/4,down=64/128/4/4 gate_up=64/128/4/3,down=64/128/4/3 \
+      gate_up=32/256/4/3,down=64/256/4/2 gate_up=16/128/2/4,down=32/128/2/4 gate_up=32/64/2/5,down=64/64/2/5 \
+      gate_up=64/64/4/4,down=128/64/4/4 gate_up=16/256/4/3,down=32/256/4/3} \
+      --out "$OUT/moe-kernels.json" 2>&1 | grep -E '^\{"best"|error' | cut -c1-3000
+    pack
+    timeout 150 python -m nanovllm.tools.decode_profile --model nanovllm/configs/Qwen3-30B-A3B --num-seqs 1 \
+      --prompt-len 128 --steps 50 --top 16 --out "$OUT/decode-qwen3-30b-a3b-batch1.json" 2>&1 | tail -1 | cut -c1-1500
     ;;
   moe)
     timeout 200 python benchmarks/bench_one.py --model Qwen3-30B-A3B --weights bf16 --num-seqs 0 \

@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["fused_moe", "moe_align", "route"]
+__all__ = ["fused_moe", "launch_settings", "moe_align", "route"]
 
 PER_PAIR_MAX_PAIRS = 16
 
@@ -161,10 +161,17 @@ def _block_m(num_pairs: int, num_experts: int) -> int:
     return 16 if per_expert <= 16 else 32 if per_expert <= 64 else 64
 
 
+def launch_settings(block_m: int) -> dict[str, tuple[int, int, int, int]]:
+    """(BLOCK_N, BLOCK_K, num_warps, num_stages) of each GEMM; decode (block_m 16: few experts active, each
+    with a row or two) takes narrower gate_up column tiles, which give the GPU more programs.
+    benchmarks/bench_moe.py measures others."""
+    return {"gate_up": (32 if block_m == 16 else 64, 64, 4, 3), "down": (64, 64, 4, 3)}
+
+
 def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-              topk_ids: torch.Tensor) -> torch.Tensor:
+              topk_ids: torch.Tensor, settings: dict[str, tuple[int, int, int, int]] | None = None) -> torch.Tensor:
     """x [num_tokens, hidden], w13 [experts, 2 * inter, hidden], w2 [experts, hidden, inter] -> [num_tokens,
-    hidden]: what fused_moe_ref computes."""
+    hidden]: what fused_moe_ref computes. `settings` overrides launch_settings (benchmarks)."""
     num_tokens, hidden = x.shape
     num_experts, inter = w2.shape[0], w2.shape[2]
     top_k = topk_ids.shape[1]
@@ -176,15 +183,17 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
         block_m = _block_m(pairs, num_experts)
         sorted_ids, block_experts = moe_align(topk_ids, num_experts, block_m)
     x, w13, w2 = x.contiguous(), w13.contiguous(), w2.contiguous()
+    settings = settings or launch_settings(block_m)
     h = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
-    # decode: few experts active, each with a row or two; narrower column tiles give the GPU more programs
-    block_n, block_k = (32 if block_m == 16 else 64), 64
+    block_n, block_k, warps, stages = settings["gate_up"]
     grid = (len(block_experts), triton.cdiv(inter, block_n))
     _gate_up_kernel[grid](x, w13, h, sorted_ids, block_experts, pairs, hidden, inter, x.stride(0), w13.stride(0),
-                          w13.stride(1), TOP_K=top_k, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
-    block_n = 64
+                          w13.stride(1), TOP_K=top_k, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+                          num_warps=warps, num_stages=stages)
+    block_n, block_k, warps, stages = settings["down"]
     y = torch.empty(pairs, hidden, dtype=x.dtype, device=x.device)
     grid = (len(block_experts), triton.cdiv(hidden, block_n))
     _down_kernel[grid](h, w2, y, topk_weights.flatten().float().contiguous(), sorted_ids, block_experts, pairs, inter,
-                       hidden, w2.stride(0), w2.stride(1), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
+                       hidden, w2.stride(0), w2.stride(1), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+                       num_warps=warps, num_stages=stages)
     return y.view(num_tokens, top_k, hidden).sum(dim=1)     # accumulated in float32, rounded once
