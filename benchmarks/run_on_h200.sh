@@ -46,7 +46,7 @@ for mode in "${@:-checks}"; do
 case "$mode" in
   checks)
     # engine-level tests first, the AWQ kernels' (the longest) last: a run cut off by its limit has checked the rest
-    # CHECKS_AWQ=0 leaves the AWQ tests (the longest) out when the AWQ code has not changed since they passed
+    # (CHECKS_AWQ=0 leaves them out, for a short call when the AWQ code has not changed since they passed)
     timeout ${CHECKS_TIMEOUT:-480} python -m pytest -v -p no:cacheprovider tests/test_gpu.py tests/test_architectures.py \
       tests/kernels/test_triton_moe.py tests/test_speculative.py $([ "${CHECKS_AWQ:-1}" = 0 ] || echo tests/awq) \
       2>&1 | tee "$OUT/gpu_tests.log" | tail -15
