@@ -2,7 +2,8 @@
 # What to run on the H200 (device tool), each mode one call of under 10 minutes; results land in $OUT
 # (copy them to benchmark_results/ afterwards and re-render README with nanovllm.tools.render_results).
 #   bash benchmarks/run_on_h200.sh checks    # GPU tests: engine vs CPU, logprobs, AWQ, architectures (MoE kernels),
-#                                             speculative decoding ($CHECKS_TIMEOUT, CHECKS_AWQ=0 without AWQ)
+#                                             speculative decoding ($CHECKS_TIMEOUT, CHECKS_AWQ=0 without AWQ,
+#                                             $CHECKS_FILES instead of the default files)
 #   bash benchmarks/run_on_h200.sh kernels   # kernel grid at real sizes (store/prefill/decode x dtypes x KV kinds;
 #                                             KERNELS_K="decode" picks tests by name)
 #   bash benchmarks/run_on_h200.sh quick     # decode attention on bench-like lengths, bench.py bf16
@@ -47,9 +48,10 @@ case "$mode" in
   checks)
     # engine-level tests first, the AWQ kernels' (the longest) last: a run cut off by its limit has checked the rest
     # (CHECKS_AWQ=0 leaves them out, for a short call when the AWQ code has not changed since they passed)
-    timeout ${CHECKS_TIMEOUT:-480} python -m pytest -v -p no:cacheprovider tests/test_gpu.py tests/test_architectures.py \
-      tests/kernels/test_triton_moe.py tests/test_speculative.py $([ "${CHECKS_AWQ:-1}" = 0 ] || echo tests/awq) \
-      2>&1 | tee "$OUT/gpu_tests.log" | tail -15
+    # (CHECKS_FILES picks test files, e.g. to split the checks over two calls; the log ends with each test's time)
+    timeout ${CHECKS_TIMEOUT:-480} python -m pytest -v -p no:cacheprovider --durations=0 ${CHECKS_FILES:-tests/test_gpu.py \
+      tests/test_architectures.py tests/kernels/test_triton_moe.py tests/test_speculative.py \
+      $([ "${CHECKS_AWQ:-1}" = 0 ] || echo tests/awq)} 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "PASSED|FAILED|ERROR|passed|failed" | tail -15
     ;;
   kernels)
     timeout 280 python -m pytest -q -p no:cacheprovider -n 6 tests/kernels ${KERNELS_K:+-k "$KERNELS_K"} 2>&1 | tee "$OUT/kernel_tests.log" | tail -5

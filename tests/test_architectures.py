@@ -75,7 +75,9 @@ def test_tp2_equals_transformers(tmp_path, case):
     import multiprocessing
     arch, overrides = CASES[case]
     hf = make_tiny_arch(str(tmp_path), arch, **overrides)
-    llm = LLM(str(tmp_path), kvcache_block_size=16, num_kvcache_blocks=64, max_model_len=256, tensor_parallel_size=2)
+    device = "cuda" if torch.cuda.device_count() >= 2 else "cpu"      # gloo on CPU where there is one GPU
+    llm = LLM(str(tmp_path), kvcache_block_size=16, num_kvcache_blocks=64, max_model_len=256, tensor_parallel_size=2,
+              device=device)
     try:
         outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=12), use_tqdm=False)
         assert [o["token_ids"] for o in outs] == [hf_greedy(hf, p, 12) for p in PROMPTS]

@@ -4,18 +4,28 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_regression_script_passes_every_case(tmp_path):
+@pytest.mark.parametrize("case", "ABCDEFGH")
+def test_every_regression_case_passes(case):
+    """Each case in this process (a process per case, as the script runs them, spends most of its time importing
+    torch); the script itself is run below on two cases."""
+    from nanovllm.tools.regression import CASES
+    assert isinstance(CASES[case](), dict)     # a failed check raises Fail with its reason
+
+
+def test_regression_script_reports_passing_cases(tmp_path):
     env = dict(os.environ, NANOVLLM_REGRESSION_OUT=str(tmp_path))     # keep the committed results as they are
-    out = subprocess.run(["bash", "regression_test.sh"], cwd=ROOT, capture_output=True, text=True, timeout=900,
-                         env=env)
+    out = subprocess.run(["bash", "regression_test.sh", "D", "G"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300, env=env)
     assert out.returncode == 0, out.stdout + out.stderr
     lines = out.stdout.strip().splitlines()
-    assert lines[-1] == "8 passed, 0 failed, 0 skipped"
-    assert [line[:8] for line in lines[:-1]] == [f"[PASS] {c}" for c in "ABCDEFGH"]
-    assert sorted(os.listdir(tmp_path)) == [f"case_{c}.json" for c in "ABCDEFGH"]
+    assert lines[-1] == "2 passed, 0 failed, 0 skipped"
+    assert [line[:8] for line in lines[:-1]] == ["[PASS] D", "[PASS] G"]
+    assert sorted(os.listdir(tmp_path)) == ["case_D.json", "case_G.json"]
 
 
 def test_regression_script_reports_a_failure(tmp_path):

@@ -87,17 +87,17 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("ending", ["", "del llm", "raise SystemExit(0)"])
-def test_two_engines_at_once_and_exit_without_shutdown(tmp_path, ending):
-    """Two processes each with a TP=2 engine (distinct rendezvous ports); each exits without calling
-    shutdown, in time, leaving no process behind."""
+def test_three_engines_at_once_and_exit_without_shutdown(tmp_path):
+    """Three processes at once, each with a TP=2 engine (distinct rendezvous ports); each exits without calling
+    shutdown in its own way (falling off the end, `del llm`, SystemExit), in time, leaving no process behind."""
     import os
     make_tiny_model(str(tmp_path))
-    script = SCRIPT.format(tests=os.path.dirname(__file__), model=str(tmp_path), ending=ending)
+    scripts = [SCRIPT.format(tests=os.path.dirname(__file__), model=str(tmp_path), ending=ending)
+               for ending in ("", "del llm", "raise SystemExit(0)")]
     runs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True, start_new_session=True) for _ in range(2)]
+                             text=True, start_new_session=True) for script in scripts]
     for run in runs:
-        out, err = run.communicate(timeout=180)
+        out, err = run.communicate(timeout=240)
         assert run.returncode == 0, err[-2000:]
         assert "TOKENS" in out
     for run in runs:    # nothing of that session is left (multiprocessing's helpers take a moment to go)

@@ -117,7 +117,7 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, ou
         if end == 0:   # nothing shared this step: the combine reads no shared partial
             return
         table_row = tl.load(shared_ptr + 1)   # a row that holds it: the prefix's blocks are the same in all
-        q_rows = seq[:, None] * stride_qt
+        q_rows, out_rows = seq[:, None] * stride_qt, seq[:, None] * stride_ot
         own_only = False
     else:
         kv_head, seq, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -133,7 +133,7 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, ou
         heads = kv_head * GROUP + offs_g
         head_ok = offs_g < GROUP
         table_row = seq
-        q_rows = seq * stride_qt
+        q_rows, out_rows = seq * stride_qt, seq * stride_ot
         if NUM_SPLITS == 1:
             own_only = first == 0     # no other part to combine (always without cascade): write the output
         else:
@@ -168,7 +168,7 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, ou
         acc = acc * alpha[:, None] + pv
     if own_only:
         out = acc / l_i[:, None]
-        tl.store(out_ptr + seq * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
+        tl.store(out_ptr + out_rows + heads[:, None] * stride_oh + offs_d[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=head_ok[:, None])
     else:
         row = (seq * (tl.num_programs(0) * GROUP) + heads) * num_parts + split     # [BLOCK_G]

@@ -32,11 +32,13 @@ WORKLOAD_ORDER = ("random", "short", "long", "prefix", "prefix + cascade", "shar
 
 
 def workload_label(record: dict) -> str:
-    """A bench record's workload, "+ cascade" when cascade attention was on, the KV block size if not the
+    """A bench record's workload, "+ cascade" when cascade attention was on for the workload whose prompts
+    share a prefix (elsewhere it changes nothing: no step shares a block), the KV block size if not the
     default."""
-    settings = record.get("settings", {})
+    settings, workload = record.get("settings", {}), record.get("workload", "random")
     block = f" (blocks of {settings['kvcache_block_size']})" if settings.get("kvcache_block_size") else ""
-    return record.get("workload", "random") + (" + cascade" if settings.get("enable_cascade_attention") else "") + block
+    cascade = " + cascade" if workload == "prefix" and settings.get("enable_cascade_attention") else ""
+    return workload + cascade + block
 
 
 def latest_bench(root: str) -> dict[str, dict[tuple[str, str], dict]]:
