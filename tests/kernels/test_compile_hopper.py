@@ -1,11 +1,11 @@
-"""The attention kernels compile for Hopper (sm_90) at a real head size, checked on CPU.
+"""The attention, norm and RoPE kernels compile for Hopper (sm_90) at real head sizes, checked on CPU.
 
 The suite runs Triton kernels in the interpreter, which executes only the branches a launch takes: a branch
 that never runs on CPU is never type-checked. A store in the decode kernel's write-the-output branch had the
 wrong shape in cascade's shared-prefix mode (its rows are a vector there) whenever head_dim differed from the
 64-pair tile, so every GPU decode with cascade on failed to compile, while all CPU tests passed. Here the
-launches of a few calls at head_dim 128 are recorded in the interpreter, then compiled for sm_90 in a process
-without it (Triton compiles for a GPU it does not have).
+launches of a few calls at head_dim 128 (64 too for RoPE) are recorded in the interpreter, then compiled for sm_90
+in a process without it (Triton compiles for a GPU it does not have).
 """
 import inspect
 import json
@@ -55,12 +55,14 @@ def launches(monkeypatch):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU tests compile these kernels for their own GPU")
-def test_attention_kernels_compile_for_hopper_at_head_dim_128(launches, tmp_path):
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")   # interpreted bf16 norms overflow; only launches matter
+def test_kernels_compile_for_hopper_at_real_head_dims(launches, tmp_path):
     from attention_cases import make_case
 
     from nanovllm.attention.metadata import shared_prefix
     from nanovllm.attention.triton_decode import decode_attention
     from nanovllm.attention.triton_prefill import prefill_attention
+    from nanovllm.layers.triton_norm import add_rms_norm, qk_norm_rope
     contexts, block_size = [40, 33, 70, 35], 16
     for kv in ("auto", "int8", "fp8"):
         q, cache, meta = make_case([1] * 4, contexts, 4, 2, 128, block_size, torch.bfloat16, "cpu", kv_cache_dtype=kv)
@@ -70,6 +72,12 @@ def test_attention_kernels_compile_for_hopper_at_head_dim_128(launches, tmp_path
         decode_attention(q, cache, meta.block_tables, meta.context_lens, 0.1, 2)                   # splits
         q, cache, meta = make_case([5, 3], [9, 20], 4, 2, 128, block_size, torch.bfloat16, "cpu", kv_cache_dtype=kv)
         prefill_attention(q, cache, meta.block_tables, meta.context_lens, meta.cu_seqlens_q, meta.max_seqlen_q, 0.1)
+    for head_dim, weights in ((128, True), (128, False), (64, False)):     # Qwen3; Llama/Qwen2/Mistral; Llama-3.2-1B
+        q, k = torch.randn(3, 8, head_dim, dtype=torch.bfloat16), torch.randn(3, 2, head_dim, dtype=torch.bfloat16)
+        weight = (torch.ones(head_dim, dtype=torch.bfloat16),) * 2 if weights else (None, None)
+        qk_norm_rope(q, k, torch.arange(3), *weight, 1e-6, torch.randn(16, head_dim))
+    x = torch.randn(3, 1024, dtype=torch.bfloat16)
+    add_rms_norm(x, torch.randn_like(x), torch.ones(1024, dtype=torch.bfloat16), 1e-6)
     unique = list({json.dumps(launch, sort_keys=True): launch for launch in launches}.values())
     assert {launch["constexprs"].get("SHARED") for launch in unique} >= {True, False}
     path = tmp_path / "launches.json"
