@@ -48,10 +48,7 @@ def awq_demo_checkpoint() -> str:
 
 def case_a() -> dict:
     """KV cache quantization: throughput on conversation prompts and the numeric check."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    if root not in sys.path:            # benchmarks/ sits beside the package in the repository
-        sys.path.insert(0, root)
-    from benchmarks.verify_kv_quant import compare, demo_prompts
+    from benchmarks.verify_kv_quant import compare, demo_prompts  # the repository root is on sys.path (-m, script)
     ref = LLM(DEMO_MODEL_DIR, **KW)
     record = {}
     for kv in ("int8", "fp8"):

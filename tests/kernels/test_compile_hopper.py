@@ -96,8 +96,10 @@ def compile_all(path: str) -> None:
 
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+    with open(path) as f:
+        launches = json.load(f)
     failed = 0
-    for launch in json.load(open(path)):
+    for launch in launches:
         fn = getattr(importlib.import_module(launch["module"]), launch["name"])
         signature = {name: launch["types"].get(name, "constexpr") for name in fn.arg_names}
         try:
@@ -106,7 +108,7 @@ def compile_all(path: str) -> None:
         except Exception as e:  # noqa: BLE001 - each failure is reported with its launch
             failed += 1
             print(launch["name"], launch["constexprs"], launch["options"], str(e).strip().splitlines()[-1])
-    print(f"{failed} failed" if failed else f"{len(json.load(open(path)))} compiled")
+    print(f"{failed} failed" if failed else f"{len(launches)} compiled")
     sys.exit(1 if failed else 0)
 
 
