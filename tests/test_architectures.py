@@ -31,7 +31,8 @@ def pair(request, tmp_path_factory):
 
 def test_greedy_ids_equal_transformers(pair):
     path, hf = pair
-    llm = LLM(path, kvcache_block_size=16, num_kvcache_blocks=64, max_model_len=256, max_num_batched_tokens=48)
+    llm = LLM(path, kvcache_block_size=16, num_kvcache_blocks=64, max_model_len=256, max_num_seqs=16,
+              max_num_batched_tokens=48)
     outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=16), use_tqdm=False)   # chunked prefill
     assert [o["token_ids"] for o in outs] == [hf_greedy(hf, p, 16) for p in PROMPTS]
     again = llm.generate(PROMPTS[3:], SamplingParams(temperature=0, max_tokens=16), use_tqdm=False)[0]
@@ -40,7 +41,7 @@ def test_greedy_ids_equal_transformers(pair):
 
 def test_first_step_logits_close_to_transformers(pair):
     path, hf = pair
-    llm = LLM(path, kvcache_block_size=16, num_kvcache_blocks=64, max_model_len=256)
+    llm = LLM(path, kvcache_block_size=16, num_kvcache_blocks=64, max_model_len=256, max_num_seqs=16)
     tables = {layer.self_attn.rotary_emb.cos_sin_cache.data_ptr() for layer in llm.model_runner.model.model.layers}
     assert len(tables) == 1                          # one RoPE table for all layers
     seqs = [Sequence(p) for p in PROMPTS]
@@ -48,14 +49,14 @@ def test_first_step_logits_close_to_transformers(pair):
         llm.scheduler.block_manager.allocate(seq)
     logits, _ = llm.model_runner.forward_logits(ScheduledBatch(seqs, [len(p) for p in PROMPTS]))
     for row, prompt in zip(logits, PROMPTS):
-        torch.testing.assert_close(row.float(), hf_logits(hf, prompt), rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(row.float().cpu(), hf_logits(hf, prompt), rtol=1e-4, atol=1e-4)
 
 
 def test_a_sliding_window_is_refused_unless_it_covers_max_model_len(tmp_path):
     make_tiny_arch(str(tmp_path), "MistralForCausalLM", sliding_window=64)
     with pytest.raises(ValueError, match="sliding window of 64 tokens.*max_model_len=64"):
         LLM(str(tmp_path), max_model_len=256)
-    assert LLM(str(tmp_path), max_model_len=64, num_kvcache_blocks=8).config.max_model_len == 64
+    assert LLM(str(tmp_path), max_model_len=64, num_kvcache_blocks=8, max_num_seqs=16).config.max_model_len == 64
 
 
 def test_an_unknown_architecture_lists_the_supported_ones(tmp_path):
@@ -76,8 +77,8 @@ def test_tp2_equals_transformers(tmp_path, case):
     arch, overrides = CASES[case]
     hf = make_tiny_arch(str(tmp_path), arch, **overrides)
     device = "cuda" if torch.cuda.device_count() >= 2 else "cpu"      # gloo on CPU where there is one GPU
-    llm = LLM(str(tmp_path), kvcache_block_size=16, num_kvcache_blocks=64, max_model_len=256, tensor_parallel_size=2,
-              device=device)
+    llm = LLM(str(tmp_path), kvcache_block_size=16, num_kvcache_blocks=64, max_model_len=256, max_num_seqs=16,
+              tensor_parallel_size=2, device=device)
     try:
         outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=12), use_tqdm=False)
         assert [o["token_ids"] for o in outs] == [hf_greedy(hf, p, 12) for p in PROMPTS]

@@ -1,4 +1,5 @@
 """GPU path (Triton kernels, CUDA graphs) against the CPU reference path and transformers."""
+import gc
 import random
 
 import pytest
@@ -35,7 +36,7 @@ def test_tiny_models_gpu_equal_cpu_and_hf(tmp_path, cfg):
     hf = make_tiny_model(str(tmp_path), **cfg)
     rng = random.Random(0)
     prompts = [[rng.randrange(256) for _ in range(n)] for n in (1, 9, 16, 40, 75, 130)]
-    kw = dict(kvcache_block_size=16, max_model_len=512)
+    kw = dict(kvcache_block_size=16, max_model_len=512, max_num_seqs=16)   # 10 decode graphs, not 136
     cpu = greedy_ids(LLM(str(tmp_path), device="cpu", num_kvcache_blocks=128, **kw), prompts)
     assert cpu == [hf_greedy(hf, p, 32) for p in prompts]
     variants = [dict(num_kvcache_blocks=128),                                   # graphs, prefix cache
@@ -47,6 +48,25 @@ def test_tiny_models_gpu_equal_cpu_and_hf(tmp_path, cfg):
         llm = LLM(str(tmp_path), device="cuda", **(kw | v))
         assert greedy_ids(llm, prompts) == cpu, v
         assert greedy_ids(llm, prompts) == cpu, v                               # second run: cache hits
+
+
+def test_capture_survives_collecting_an_earlier_engine(tmp_path):
+    """An engine freed only by the garbage collector (a reference cycle), collected while the next engine
+    captures its graphs, destroys its graphs on the capturing stream and would fail that capture."""
+    make_tiny_model(str(tmp_path), num_heads=4, num_kv_heads=2, head_dim=64)
+    kw = dict(device="cuda", kvcache_block_size=16, max_model_len=256, num_kvcache_blocks=64, max_num_seqs=4,
+              max_num_batched_tokens=128)
+    old = LLM(str(tmp_path), **kw)
+    want = greedy_ids(old, [[5, 6, 7]])
+    old.cycle = old
+    del old
+    thresholds = gc.get_threshold()
+    gc.set_threshold(1, 1, 1)            # a full collection every few allocations, during the captures too
+    try:
+        llm = LLM(str(tmp_path), **kw)
+    finally:
+        gc.set_threshold(*thresholds)
+    assert greedy_ids(llm, [[5, 6, 7]]) == want
 
 
 def test_every_batch_size_runs_on_a_graph(tmp_path):
@@ -126,7 +146,7 @@ def test_cascade_attention_gives_the_same_tokens(tmp_path, monkeypatch):
     prefix = [rng.randrange(256) for _ in range(40)]
     prompts = [prefix + [rng.randrange(256) for _ in range(rng.randrange(1, 20))] for _ in range(24)]
     kw = dict(device="cuda", kvcache_block_size=16, max_model_len=256, num_kvcache_blocks=256,
-              max_num_batched_tokens=64)
+              max_num_batched_tokens=64, max_num_seqs=32)
     for eager in (False, True):
         plain = greedy_ids(LLM(str(tmp_path), enforce_eager=eager, enable_cascade_attention=False, **kw), prompts)
         longest.clear()
@@ -145,7 +165,7 @@ def test_dummy_qwen3_runs_on_gpu():
 
 
 def test_seeded_sampling_on_gpu_ignores_the_batch():
-    llm = LLM(DEMO_MODEL_DIR, device="cuda", max_model_len=1024, gpu_memory_utilization=0.3)
+    llm = LLM(DEMO_MODEL_DIR, device="cuda", max_model_len=1024, gpu_memory_utilization=0.3, max_num_seqs=16)
     seeded = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=40, seed=3, ignore_eos=True)
     alone = llm.generate(["Now is"], seeded, use_tqdm=False)[0]["token_ids"]
     mixed = llm.generate(["Beautiful", "Now is", "Errors should"],
@@ -158,7 +178,7 @@ def test_logprobs_on_gpu_match_cpu():
     params = SamplingParams(temperature=0, max_tokens=20, logprobs=3, prompt_logprobs=2)
     prompts = ["Beautiful is better than", "Errors should never"]
     cpu = LLM(DEMO_MODEL_DIR, device="cpu", max_model_len=1024).generate(prompts, params, use_tqdm=False)
-    gpu = LLM(DEMO_MODEL_DIR, device="cuda", max_model_len=1024, gpu_memory_utilization=0.3).generate(
+    gpu = LLM(DEMO_MODEL_DIR, device="cuda", max_model_len=1024, gpu_memory_utilization=0.3, max_num_seqs=16).generate(
         prompts, params, use_tqdm=False)
     for c, g in zip(cpu, gpu):
         assert c["token_ids"] == g["token_ids"]
@@ -177,7 +197,7 @@ def test_logits_processors_on_gpu_match_cpu():
               SamplingParams(temperature=0, max_tokens=40, bad_words=["is", "the"], min_tokens=30),
               SamplingParams(temperature=0, max_tokens=40)]
     cpu = LLM(DEMO_MODEL_DIR, device="cpu", max_model_len=1024).generate(prompts, params, use_tqdm=False)
-    gpu = LLM(DEMO_MODEL_DIR, device="cuda", max_model_len=1024, gpu_memory_utilization=0.3).generate(
+    gpu = LLM(DEMO_MODEL_DIR, device="cuda", max_model_len=1024, gpu_memory_utilization=0.3, max_num_seqs=16).generate(
         prompts, params, use_tqdm=False)
     assert [o["token_ids"] for o in gpu] == [o["token_ids"] for o in cpu]
 
@@ -187,7 +207,7 @@ def test_quantized_kv_on_gpu_equals_cpu_and_keeps_graphs(kv_cache_dtype):
     prompts = ["Beautiful is better than", "Errors should never", "Special cases aren't"]
     cpu = greedy_ids(LLM(DEMO_MODEL_DIR, device="cpu", max_model_len=1024, kv_cache_dtype=kv_cache_dtype), prompts, 60)
     gpu = LLM(DEMO_MODEL_DIR, device="cuda", max_model_len=1024, kv_cache_dtype=kv_cache_dtype,
-              gpu_memory_utilization=0.3)
+              gpu_memory_utilization=0.3, max_num_seqs=16)
     assert gpu.model_runner.graphs is not None
     assert greedy_ids(gpu, prompts, 60) == cpu
 
@@ -197,7 +217,7 @@ def test_awq_on_gpu_equals_cpu(tmp_path):
     make_awq_model(str(tmp_path), num_heads=8, num_kv_heads=2, head_dim=64)
     rng = random.Random(2)
     prompts = [[rng.randrange(256) for _ in range(n)] for n in (3, 20, 90)]
-    kw = dict(kvcache_block_size=16, max_model_len=256, num_kvcache_blocks=64, dtype="float16")
+    kw = dict(kvcache_block_size=16, max_model_len=256, num_kvcache_blocks=64, dtype="float16", max_num_seqs=16)
     cpu = greedy_ids(LLM(str(tmp_path), device="cpu", **kw), prompts)
     assert greedy_ids(LLM(str(tmp_path), device="cuda", **kw), prompts) == cpu
 
@@ -210,7 +230,7 @@ def test_awq_greedy_ids_equal_with_and_without_pdl(tmp_path, monkeypatch):
     make_awq_model(str(tmp_path), num_heads=8, num_kv_heads=2, head_dim=64)
     rng = random.Random(3)
     prompts = [[rng.randrange(256) for _ in range(n)] for n in (1, 7, 40)]
-    kw = dict(kvcache_block_size=16, max_model_len=256, num_kvcache_blocks=64, device="cuda")
+    kw = dict(kvcache_block_size=16, max_model_len=256, num_kvcache_blocks=64, device="cuda", max_num_seqs=16)
     ids = {}
     for pdl in ("1", "0"):
         monkeypatch.setenv("NANOVLLM_PDL", pdl)
@@ -226,7 +246,7 @@ def test_speculative_decoding_on_gpu_gives_the_plain_greedy_tokens():
     prompts = ["Beautiful is better than ugly. Explicit is better than implicit. Beautiful is better than",
                "Errors should never pass silently. Errors should never", "Special cases aren't"]
     spec = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
-    kw = dict(device="cuda", max_model_len=1024, gpu_memory_utilization=0.3)
+    kw = dict(device="cuda", max_model_len=1024, gpu_memory_utilization=0.3, max_num_seqs=16)
     plain = greedy_ids(LLM(DEMO_MODEL_DIR, **kw), prompts, 60)
     for eager in (False, True):
         llm = LLM(DEMO_MODEL_DIR, enforce_eager=eager, speculative_config=spec, **kw)

@@ -173,8 +173,9 @@ def test_stops_inside_accepted_drafts_cut_the_output_there(model):
     there as it does without speculation."""
     path, _ = model
     prompts, _ = requests(seed=3, n=6)
-    plain = LLM(path, kvcache_block_size=16, max_model_len=128, num_kvcache_blocks=64)
-    spec = LLM(path, kvcache_block_size=16, max_model_len=128, num_kvcache_blocks=64, speculative_config=NGRAM)
+    plain = LLM(path, kvcache_block_size=16, max_model_len=128, num_kvcache_blocks=64, max_num_seqs=16)
+    spec = LLM(path, kvcache_block_size=16, max_model_len=128, num_kvcache_blocks=64, max_num_seqs=16,
+               speculative_config=NGRAM)
     free = plain.generate(prompts, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True), use_tqdm=False)
     for out, prompt in zip(free, prompts):
         ids = out["token_ids"]
@@ -190,7 +191,8 @@ def test_stops_inside_accepted_drafts_cut_the_output_there(model):
 def test_sampled_speculative_run_is_seeded_and_counts(model):
     path, _ = model
     prompts, _ = requests(seed=5, n=4)
-    llm = LLM(path, kvcache_block_size=16, max_model_len=128, num_kvcache_blocks=64, speculative_config=NGRAM)
+    llm = LLM(path, kvcache_block_size=16, max_model_len=128, num_kvcache_blocks=64, max_num_seqs=16,
+              speculative_config=NGRAM)
     params = SamplingParams(temperature=0.8, top_p=0.9, max_tokens=20, ignore_eos=True, seed=11)
     first, again = (llm.generate(prompts, params, use_tqdm=False) for _ in range(2))
     assert [o["token_ids"] for o in first] == [o["token_ids"] for o in again]
@@ -200,7 +202,7 @@ def test_sampled_speculative_run_is_seeded_and_counts(model):
 def test_speculation_turns_off_above_disable_by_batch_size(model):
     path, _ = model
     prompts, _ = requests(seed=6, n=6)
-    llm = LLM(path, kvcache_block_size=16, max_model_len=128, num_kvcache_blocks=64,
+    llm = LLM(path, kvcache_block_size=16, max_model_len=128, num_kvcache_blocks=64, max_num_seqs=16,
               speculative_config=NGRAM | {"disable_by_batch_size": 2})
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=10, ignore_eos=True), use_tqdm=False)
     drafted = [o["metrics"]["num_draft_tokens"] for o in outs]

@@ -13,12 +13,31 @@ The host also writes the decode launch order (rows by descending context, metada
 cascade attention the plan of a prefix shared by several rows (metadata.shared_prefix): each batch size then
 has a second graph that reads it, replayed only on steps that share something.
 """
+import contextlib
+import gc
+
 import numpy as np
 import torch
 
 from nanovllm.attention.metadata import AttentionMetadata, decode_order, shared_prefix, use_metadata
 from nanovllm.engine.sequence import PLACEHOLDER, Sequence
 from nanovllm.utils.pinned import PinnedDoubleBuffer
+
+
+@contextlib.contextmanager
+def no_garbage_collection():
+    """Collect garbage once, then none while graphs are captured: a collection during a capture that frees
+    an earlier engine's CUDA graph destroys it on the capturing stream, which CUDA forbids, and the capture
+    fails ("operation failed due to a previous error during capture"). torch no longer collects before a
+    capture by itself (torch.compiler.config.force_cudagraph_gc)."""
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:
@@ -65,16 +84,17 @@ class DecodeGraphs:
     def _capture_all(self) -> None:
         self.slots.fill_(-1)                       # capture-time runs must not write the cache
         pool = None
-        for bs in reversed(self.sizes):            # largest first: the others reuse its memory pool
-            for cascade in (False, True) if self.cascade else (False,):
-                graph = torch.cuda.CUDAGraph()
-                with use_metadata(self._meta(bs, cascade)):
-                    self.outputs[:bs] = self.model(self.input_ids[:bs], self.positions[:bs])   # warm-up
-                    with torch.cuda.graph(graph, pool):
-                        self.outputs[:bs] = self.model(self.input_ids[:bs], self.positions[:bs])
-                pool = graph.pool()
-                self.graphs[bs, cascade] = graph
-                torch.cuda.synchronize()
+        with no_garbage_collection():
+            for bs in reversed(self.sizes):        # largest first: the others reuse its memory pool
+                for cascade in (False, True) if self.cascade else (False,):
+                    graph = torch.cuda.CUDAGraph()
+                    with use_metadata(self._meta(bs, cascade)):
+                        self.outputs[:bs] = self.model(self.input_ids[:bs], self.positions[:bs])   # warm-up
+                        with torch.cuda.graph(graph, pool):
+                            self.outputs[:bs] = self.model(self.input_ids[:bs], self.positions[:bs])
+                    pool = graph.pool()
+                    self.graphs[bs, cascade] = graph
+                    torch.cuda.synchronize()
         self.pool = pool                           # shared with the mixed-step graphs
 
     def can_run(self, num_seqs: int) -> bool:
@@ -182,15 +202,16 @@ class MixedGraphs:
         self.context_lens.zero_()
         self.decode_ctx.zero_()
         self.cu_seqlens_q.zero_()
-        for n in reversed(self.sizes):
-            graph = torch.cuda.CUDAGraph()
-            with use_metadata(self._meta(n)):
-                self.outputs[:n] = self.model(self.input_ids[:n], self.positions[:n])   # warm-up
-                with torch.cuda.graph(graph, self.pool):
-                    self.outputs[:n] = self.model(self.input_ids[:n], self.positions[:n])
-            self.pool = graph.pool()
-            self.graphs[n] = graph
-            torch.cuda.synchronize()
+        with no_garbage_collection():
+            for n in reversed(self.sizes):
+                graph = torch.cuda.CUDAGraph()
+                with use_metadata(self._meta(n)):
+                    self.outputs[:n] = self.model(self.input_ids[:n], self.positions[:n])   # warm-up
+                    with torch.cuda.graph(graph, self.pool):
+                        self.outputs[:n] = self.model(self.input_ids[:n], self.positions[:n])
+                self.pool = graph.pool()
+                self.graphs[n] = graph
+                torch.cuda.synchronize()
 
     def can_run(self, batch) -> bool:
         return batch.num_tokens <= self.max_tokens and len(batch.seqs) <= self.max_seqs

@@ -27,6 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
+from nanovllm.utils.precision import dot_precision
+
 __all__ = ["fused_moe", "launch_settings", "moe_align", "route"]
 
 PER_PAIR_MAX_PAIRS = 16
@@ -92,7 +94,8 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[t
 
 @triton.jit
 def _gate_up_kernel(x_ptr, w_ptr, h_ptr, sorted_ptr, experts_ptr, num_pairs, K, N, stride_x, stride_we, stride_wn,
-                    TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                    TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    DOT_PRECISION: tl.constexpr):
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     expert = tl.load(experts_ptr + pid_m)
     if expert < 0:
@@ -112,8 +115,8 @@ def _gate_up_kernel(x_ptr, w_ptr, h_ptr, sorted_ptr, experts_ptr, num_pairs, K, 
         w_mask = k_ok[:, None] & col_ok[None, :]
         gate = tl.load(w_base + cols[None, :] * stride_wn + ks[:, None], mask=w_mask, other=0.0)        # [K, N]
         up = tl.load(w_base + (N + cols[None, :]) * stride_wn + ks[:, None], mask=w_mask, other=0.0)
-        acc_gate = tl.dot(a, gate, acc_gate)
-        acc_up = tl.dot(a, up, acc_up)
+        acc_gate = tl.dot(a, gate, acc_gate, input_precision=DOT_PRECISION)
+        acc_up = tl.dot(a, up, acc_up, input_precision=DOT_PRECISION)
     dtype = h_ptr.dtype.element_ty
     gate, up = acc_gate.to(dtype).to(tl.float32), acc_up.to(dtype).to(tl.float32)   # rounded as the reference
     h = (gate * tl.sigmoid(gate)).to(dtype).to(tl.float32) * up
@@ -122,7 +125,7 @@ def _gate_up_kernel(x_ptr, w_ptr, h_ptr, sorted_ptr, experts_ptr, num_pairs, K, 
 
 @triton.jit
 def _down_kernel(h_ptr, w_ptr, y_ptr, weights_ptr, sorted_ptr, experts_ptr, num_pairs, K, N, stride_we, stride_wn,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr):
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     expert = tl.load(experts_ptr + pid_m)
     if expert < 0:
@@ -139,7 +142,7 @@ def _down_kernel(h_ptr, w_ptr, y_ptr, weights_ptr, sorted_ptr, experts_ptr, num_
         k_ok = ks < K
         a = tl.load(h_ptr + row[:, None] * K + ks[None, :], mask=valid[:, None] & k_ok[None, :], other=0.0)
         w = tl.load(w_base + cols[None, :] * stride_wn + ks[:, None], mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-        acc = tl.dot(a, w, acc)
+        acc = tl.dot(a, w, acc, input_precision=DOT_PRECISION)
     dtype = y_ptr.dtype.element_ty
     weight = tl.load(weights_ptr + row, mask=valid, other=0.0).to(dtype).to(tl.float32)
     y = acc.to(dtype).to(tl.float32) * weight[:, None]
@@ -189,11 +192,11 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     grid = (len(block_experts), triton.cdiv(inter, block_n))
     _gate_up_kernel[grid](x, w13, h, sorted_ids, block_experts, pairs, hidden, inter, x.stride(0), w13.stride(0),
                           w13.stride(1), TOP_K=top_k, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-                          num_warps=warps, num_stages=stages)
+                          DOT_PRECISION=dot_precision(x.dtype), num_warps=warps, num_stages=stages)
     block_n, block_k, warps, stages = settings["down"]
     y = torch.empty(pairs, hidden, dtype=x.dtype, device=x.device)
     grid = (len(block_experts), triton.cdiv(hidden, block_n))
     _down_kernel[grid](h, w2, y, topk_weights.flatten().float().contiguous(), sorted_ids, block_experts, pairs, inter,
                        hidden, w2.stride(0), w2.stride(1), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-                       num_warps=warps, num_stages=stages)
+                       DOT_PRECISION=dot_precision(x.dtype), num_warps=warps, num_stages=stages)
     return y.view(num_tokens, top_k, hidden).sum(dim=1)     # accumulated in float32, rounded once

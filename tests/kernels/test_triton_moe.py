@@ -10,7 +10,7 @@ from nanovllm.layers.triton_moe import fused_moe, moe_align, route  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
-DTYPES = [torch.bfloat16, torch.float16] if CUDA else [torch.float32]
+DTYPES = [torch.bfloat16, torch.float16, torch.float32] if CUDA else [torch.float32]   # float32: no TF32
 TOL = {torch.float32: dict(atol=1e-4, rtol=1e-4), torch.float16: dict(atol=2e-3, rtol=2e-2),
        torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
 # (tokens, experts, top_k, hidden, intermediate): Qwen3-30B-A3B's layer on a GPU (128 experts, top 8,
