@@ -34,6 +34,7 @@ sys.path[:0] = [os.path.join(HERE, ".."), os.path.join(HERE, "..", "tests")]    
 from attention_cases import make_cache  # noqa: E402
 
 from bench import workload  # noqa: E402
+from benchmarks.timing import graph_us  # noqa: E402
 from nanovllm.attention.metadata import decode_order  # noqa: E402
 from nanovllm.attention.triton_decode import (  # noqa: E402
     decode_attention,
@@ -72,20 +73,9 @@ REPLAYS = 10      # decode calls per CUDA graph
 
 
 def graph_time_us(fn) -> float:
-    """GPU time of one call of fn, replayed from a CUDA graph as the engine runs it (eager launches of a
-    30-100 us kernel would time the host's launch cost instead)."""
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(REPLAYS):
-            fn()
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(3):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return 1e3 * start.elapsed_time(end) / (3 * REPLAYS)
+    """GPU time of one call of fn, REPLAYS calls replayed from a CUDA graph as the engine runs them (eager
+    launches of a 30-100 us kernel would time the host's launch cost instead)."""
+    return graph_us([fn] * REPLAYS)
 
 
 def parse_settings(text: str) -> dict:

@@ -25,6 +25,7 @@ import torch
 import triton
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the repository root
+from benchmarks.timing import graph_us  # noqa: E402
 from nanovllm.quant.awq import kernel_layout  # noqa: E402
 from nanovllm.quant.awq_quantize import to_awq_tensors  # noqa: E402
 from nanovllm.quant.gluon_awq_gemv import BLOCK_N as GLUON_BLOCK_N  # noqa: E402
@@ -63,20 +64,8 @@ def layer_copy(k: int, n: int) -> tuple[dict, torch.Tensor]:
 
 def time_us(layers: list, fn) -> float:
     """Median GPU microseconds of fn(awq_tensors, bf16_weight) per copy of the layer: one call per copy,
-    captured in one CUDA graph and replayed, so that the CPU's launch cost (tens of microseconds for a
-    Triton kernel and its buffers, more than a small kernel's GPU time) is left out, as in the engine's
-    decode graphs."""
-    def one_pass():
-        for layer in layers:
-            fn(*layer)
-    one_pass()                                   # compile before capturing
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        one_pass()
-    us = 1e3 * triton.testing.do_bench(graph.replay, warmup=10, rep=50, return_mode="median") / len(layers)
-    del graph
-    return us
+    all in one CUDA graph (benchmarks/timing.py), as in the engine's decode graphs."""
+    return graph_us([functools.partial(fn, *layer) for layer in layers])
 
 
 def time_settings(layers: list, calls: dict, rounds: int = 2, timer=time_us) -> dict:

@@ -164,11 +164,17 @@ def _block_m(num_pairs: int, num_experts: int) -> int:
     return 16 if per_expert <= 16 else 32 if per_expert <= 64 else 64
 
 
-def launch_settings(block_m: int) -> dict[str, tuple[int, int, int, int]]:
-    """(BLOCK_N, BLOCK_K, num_warps, num_stages) of each GEMM; decode (block_m 16: few experts active, each
-    with a row or two) takes narrower gate_up column tiles, which give the GPU more programs.
-    benchmarks/bench_moe.py measures others."""
-    return {"gate_up": (32 if block_m == 16 else 64, 64, 4, 3), "down": (64, 64, 4, 3)}
+def launch_settings(block_m: int, per_pair: bool = False) -> dict[str, tuple[int, int, int, int]]:
+    """(BLOCK_N, BLOCK_K, num_warps, num_stages) of each GEMM. A per-pair decode (a block per pair, one
+    row each) takes narrower gate_up column tiles, which give the GPU more programs; sorted blocks of 16
+    rows take 64 x 128 tiles (at 64 tokens of Qwen3-30B-A3B's sizes on the H100, 539 us against 781 us
+    for the narrower tiles; benchmark_results/moe/moe-kernels-h100.json). benchmarks/bench_moe.py measures
+    others."""
+    if per_pair:
+        return {"gate_up": (32, 64, 4, 3), "down": (64, 64, 4, 3)}
+    if block_m == 16:
+        return {"gate_up": (64, 128, 4, 3), "down": (64, 128, 4, 3)}
+    return {"gate_up": (64, 64, 4, 3), "down": (64, 64, 4, 3)}
 
 
 def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
@@ -179,14 +185,15 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     num_experts, inter = w2.shape[0], w2.shape[2]
     top_k = topk_ids.shape[1]
     pairs = num_tokens * top_k
-    if pairs <= PER_PAIR_MAX_PAIRS:                 # decode: a block per pair, no sort
+    per_pair = pairs <= PER_PAIR_MAX_PAIRS
+    if per_pair:                                    # decode: a block per pair, no sort
         block_m = 16
         sorted_ids, block_experts = one_pair_per_block(pairs, block_m, x.device), topk_ids.flatten().to(torch.int32)
     else:
         block_m = _block_m(pairs, num_experts)
         sorted_ids, block_experts = moe_align(topk_ids, num_experts, block_m)
     x, w13, w2 = x.contiguous(), w13.contiguous(), w2.contiguous()
-    settings = settings or launch_settings(block_m)
+    settings = settings or launch_settings(block_m, per_pair)
     h = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
     block_n, block_k, warps, stages = settings["gate_up"]
     grid = (len(block_experts), triton.cdiv(inter, block_n))
