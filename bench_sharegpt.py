@@ -68,6 +68,9 @@ def run_one(args) -> dict:
     vocab = llm.config.hf_config.vocab_size
     requests = load_requests(args.dataset, lambda text: [t % vocab for t in tok.encode(text)], args.num_prompts,
                              args.seed, args.max_model_len)
+    if not requests:
+        raise ValueError(f"no conversation in {args.dataset} fits --max-model-len {args.max_model_len} "
+                         "(its prompt and reply tokens together): raise it")
     params = [SamplingParams(temperature=0, ignore_eos=True, max_tokens=n) for _, n in requests]
     llm.generate([p for p, _ in requests[:4]], [SamplingParams(max_tokens=4)] * min(4, len(requests)),
                  use_tqdm=False)

@@ -40,12 +40,12 @@ def test_regression_script_reports_a_failure(tmp_path):
 
 def test_bench_sharegpt_compares_configs(tmp_path):
     out_file = tmp_path / "sg.json"
-    subprocess.run([sys.executable, "bench_sharegpt.py", "--model", "nanovllm/demo/zen-qwen3", "--num-prompts", "4",
-                    "--max-model-len", "1024", "--configs", "bf16", "int8", "--out", str(out_file)], cwd=ROOT,
+    subprocess.run([sys.executable, "bench_sharegpt.py", "--model", "nanovllm/demo/zen-qwen3", "--num-prompts", "2",
+                    "--max-model-len", "512", "--configs", "bf16", "int8", "--out", str(out_file)], cwd=ROOT,
                    check=True, capture_output=True, timeout=600)
     result = json.loads(out_file.read_text())
     bf16, int8 = result["configs"]
-    assert bf16["num_requests"] == int8["num_requests"] == 4
+    assert bf16["num_requests"] == int8["num_requests"] == 2
     assert bf16["output_tokens"] == int8["output_tokens"]       # reply lengths, forced with ignore_eos
     assert int8["kv_capacity_tokens"] > 1.7 * bf16["kv_capacity_tokens"]
     assert 0 < bf16["ttft_mean_s"] <= bf16["ttft_p99_s"] and 0 < bf16["tpot_mean_s"]
