@@ -1,4 +1,4 @@
-"""The attention, norm and RoPE kernels compile for Hopper (sm_90) at real head sizes, checked on CPU.
+"""The attention, norm, RoPE and MoE kernels compile for Hopper (sm_90) at real head sizes, checked on CPU.
 
 The suite runs Triton kernels in the interpreter, which executes only the branches a launch takes: a branch
 that never runs on CPU is never type-checked. A store in the decode kernel's write-the-output branch had the
@@ -62,6 +62,7 @@ def test_kernels_compile_for_hopper_at_real_head_dims(launches, tmp_path):
     from nanovllm.attention.metadata import shared_prefix
     from nanovllm.attention.triton_decode import decode_attention
     from nanovllm.attention.triton_prefill import prefill_attention
+    from nanovllm.layers.triton_moe import fused_moe, route
     from nanovllm.layers.triton_norm import add_rms_norm, qk_norm_rope
     contexts, block_size = [40, 33, 70, 35], 16
     for kv in ("auto", "int8", "fp8"):
@@ -78,6 +79,10 @@ def test_kernels_compile_for_hopper_at_real_head_dims(launches, tmp_path):
         qk_norm_rope(q, k, torch.arange(3), *weight, 1e-6, torch.randn(16, head_dim))
     x = torch.randn(3, 1024, dtype=torch.bfloat16)
     add_rms_norm(x, torch.randn_like(x), torch.ones(1024, dtype=torch.bfloat16), 1e-6)
+    for dtype, tokens in ((torch.bfloat16, 2), (torch.bfloat16, 9), (torch.float32, 2)):  # per pair; sorted; IEEE
+        w13, w2 = torch.randn(16, 128, 128, dtype=dtype), torch.randn(16, 128, 64, dtype=dtype)
+        weights, ids = route(torch.randn(tokens, 16, dtype=dtype), 4, True)
+        fused_moe(torch.randn(tokens, 128, dtype=dtype), w13, w2, weights, ids)
     unique = list({json.dumps(launch, sort_keys=True): launch for launch in launches}.values())
     assert {launch["constexprs"].get("SHARED") for launch in unique} >= {True, False}
     path = tmp_path / "launches.json"
