@@ -4,7 +4,8 @@ For each token count, ROUTINGS random router picks (distinct experts per token, 
 layer's experts (128 x 768 x 2048 bf16); times fused_moe (gate_up + down + the sum) once per routing, all in
 one CUDA graph as the engine's decode runs it (eagerly, a 1-8 token call times the host's launches: the
 first sweep on the H100 measured ~100 us at one token, where the engine's profile shows 34 us), under every
-setting in --settings, and reports the bytes of the experts each call touches per microsecond against the
+setting in --settings (a setting may also move the most pairs that skip the sort, e.g. per_pair=64, or
+be only that), and reports the bytes of the experts each call touches per microsecond against the
 measured copy rate. Prints one JSON line per token count and setting, then the best setting per count.
 """
 import argparse
@@ -17,16 +18,19 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the repository root
 from bench import measured_rates  # noqa: E402
 from benchmarks.timing import graph_us  # noqa: E402
-from nanovllm.layers.triton_moe import fused_moe  # noqa: E402
+from nanovllm.layers.triton_moe import PER_PAIR_MAX_PAIRS, fused_moe  # noqa: E402
 from nanovllm.utils.results import save_record  # noqa: E402
 
 
-def parse_setting(text: str) -> dict[str, tuple[int, ...]] | None:
-    """'default' or 'gate_up=BN/BK/warps/stages,down=BN/BK/warps/stages'."""
+def parse_setting(text: str) -> tuple[dict[str, tuple[int, ...]] | None, int]:
+    """'default', or any of 'gate_up=BN/BK/warps/stages', 'down=BN/BK/warps/stages', 'per_pair=MAX_PAIRS'
+    joined by commas -> (launch settings or None for the library's, the most pairs that skip the sort)."""
     if text == "default":
-        return None
+        return None, PER_PAIR_MAX_PAIRS
     parts = dict(part.split("=") for part in text.split(","))
-    return {name: tuple(int(v) for v in value.split("/")) for name, value in parts.items()}
+    per_pair = int(parts.pop("per_pair", PER_PAIR_MAX_PAIRS))
+    settings = {name: tuple(int(v) for v in value.split("/")) for name, value in parts.items()}
+    return settings or None, per_pair
 
 
 ROUTINGS = 8     # calls per timing, each with its own picks: their experts' weights do not all fit in L2
@@ -57,11 +61,12 @@ def main():
         touched = sum(torch.unique(ids).numel() for ids in routings) * expert_bytes // ROUTINGS
         want = fused_moe(x, w13, w2, weights, routings[0])
         for text in args.settings:
-            setting = parse_setting(text)
+            setting, per_pair = parse_setting(text)
             try:
-                got = fused_moe(x, w13, w2, weights, routings[0], setting)
+                got = fused_moe(x, w13, w2, weights, routings[0], setting, per_pair)
                 torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
-                us = graph_us([lambda ids=ids: fused_moe(x, w13, w2, weights, ids, setting) for ids in routings])
+                us = graph_us([lambda ids=ids: fused_moe(x, w13, w2, weights, ids, setting, per_pair)
+                               for ids in routings])
             except Exception as e:      # a setting the compiler rejects (shared memory) is reported, not fatal
                 rows.append({"tokens": n, "setting": text, "error": str(e)[:200]})
                 print(json.dumps(rows[-1]))

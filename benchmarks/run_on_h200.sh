@@ -24,7 +24,8 @@
 #   bash benchmarks/run_on_h200.sh archs     # bench.py on dummy Llama-3.1-8B vs Qwen3-8B, Llama-3.2-1B int8 vs bf16
 #                                             (median of 3, ~4 min)
 #   bash benchmarks/run_on_h200.sh moe       # dummy Qwen3-30B-A3B: batch-1 TPOT (bench_one.py) and bench.py
-#   bash benchmarks/run_on_h200.sh moe-kernels # fused MoE launch settings ($MOE_SETTINGS), batch-1 decode profile
+#   bash benchmarks/run_on_h200.sh moe-kernels # fused MoE launch settings ($MOE_SETTINGS) and how many pairs skip
+#                                             the sort, timed in CUDA graphs; batch-1 decode profile
 #   bash benchmarks/run_on_h200.sh runbatch  # run_batch's loop against LLM.generate on the short workload
 #   bash benchmarks/run_on_h200.sh interrupt # Ctrl-C 3 s into a long generate returns promptly, the engine answers as before
 #   bash benchmarks/run_on_h200.sh codemodel # train the ~76M code model on the stdlib (4 min), then n-gram speculation
@@ -135,7 +136,8 @@ case "$mode" in
     done
     ;;
   moe-kernels)   # fused MoE launch settings at Qwen3-30B-A3B's sizes ($MOE_SETTINGS), batch-1 decode profile
-    timeout 200 python benchmarks/bench_moe.py --tokens 1 2 8 64 --settings default ${MOE_SETTINGS:-gate_up=16/64/4/3,down=32/64/4/3 \
+    timeout 200 python benchmarks/bench_moe.py --tokens 1 2 4 8 64 256 --settings default per_pair=32 per_pair=64 \
+      ${MOE_SETTINGS:-gate_up=16/64/4/3,down=32/64/4/3 \
       gate_up=32/128/4/3,down=64/128/4/3 gate_up=32/128/4/4,down=64/128/4/4 gate_up=64/128/4/3,down=64/128/4/3 \
       gate_up=32/256/4/3,down=64/256/4/2 gate_up=16/128/2/4,down=32/128/2/4 gate_up=32/64/2/5,down=64/64/2/5 \
       gate_up=64/64/4/4,down=128/64/4/4 gate_up=16/256/4/3,down=32/256/4/3} \

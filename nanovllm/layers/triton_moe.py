@@ -178,14 +178,16 @@ def launch_settings(block_m: int, per_pair: bool = False) -> dict[str, tuple[int
 
 
 def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-              topk_ids: torch.Tensor, settings: dict[str, tuple[int, int, int, int]] | None = None) -> torch.Tensor:
+              topk_ids: torch.Tensor, settings: dict[str, tuple[int, int, int, int]] | None = None,
+              per_pair_max: int = PER_PAIR_MAX_PAIRS) -> torch.Tensor:
     """x [num_tokens, hidden], w13 [experts, 2 * inter, hidden], w2 [experts, hidden, inter] -> [num_tokens,
-    hidden]: what fused_moe_ref computes. `settings` overrides launch_settings (benchmarks)."""
+    hidden]: what fused_moe_ref computes. `settings` overrides launch_settings and `per_pair_max` the most
+    pairs that skip the sort (benchmarks)."""
     num_tokens, hidden = x.shape
     num_experts, inter = w2.shape[0], w2.shape[2]
     top_k = topk_ids.shape[1]
     pairs = num_tokens * top_k
-    per_pair = pairs <= PER_PAIR_MAX_PAIRS
+    per_pair = pairs <= per_pair_max
     if per_pair:                                    # decode: a block per pair, no sort
         block_m = 16
         sorted_ids, block_experts = one_pair_per_block(pairs, block_m, x.device), topk_ids.flatten().to(torch.int32)

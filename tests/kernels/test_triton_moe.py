@@ -54,6 +54,24 @@ def test_fused_moe_matches_reference(dtype, num_tokens, num_experts, top_k, hidd
     torch.testing.assert_close(got, want, **TOL[dtype])
 
 
+def test_per_pair_and_sorted_paths_give_the_same_rows(monkeypatch):
+    """Where the sort starts (per_pair_max) moves pairs between blocks, never what a row computes."""
+    from nanovllm.layers import triton_moe
+    sorts = []
+    monkeypatch.setattr(triton_moe, "moe_align", lambda *args: sorts.append(args) or moe_align(*args))
+    torch.manual_seed(4)
+    num_tokens, num_experts, top_k, hidden, inter = (9, 128, 8, 2048, 768) if CUDA else (9, 8, 3, 64, 48)
+    dtype = DTYPES[0]
+    x = torch.randn(num_tokens, hidden, device=DEVICE).to(dtype)
+    w13 = (torch.randn(num_experts, 2 * inter, hidden, device=DEVICE) / hidden ** 0.5).to(dtype)
+    w2 = (torch.randn(num_experts, hidden, inter, device=DEVICE) / inter ** 0.5).to(dtype)
+    weights, ids = select_experts(torch.randn(num_tokens, num_experts, device=DEVICE), top_k, True)
+    sorted_rows = fused_moe(x, w13, w2, weights, ids, per_pair_max=0)
+    per_pair = fused_moe(x, w13, w2, weights, ids, per_pair_max=num_tokens * top_k)
+    assert len(sorts) == 1                                  # only the first call sorted
+    torch.testing.assert_close(per_pair, sorted_rows, **TOL[dtype])
+
+
 @pytest.mark.parametrize("num_tokens, num_experts, top_k", [(1, 128, 8), (37, 128, 8), (5, 60, 4), (3, 8, 2)])
 @pytest.mark.parametrize("renormalize", [True, False])
 @pytest.mark.parametrize("dtype", DTYPES)
