@@ -10,6 +10,9 @@ from nanovllm import LLM, SamplingParams
 from nanovllm.demo import DEMO_MODEL_DIR
 
 pytestmark = pytest.mark.cuda
+# the demo model on the GPU beside others; 16 seats: 10 decode graphs to capture, not 136 (the first test keeps
+# the default seats, so a default-size capture stays covered)
+DEMO_GPU = dict(device="cuda", max_model_len=1024, gpu_memory_utilization=0.3, max_num_seqs=16)
 
 
 def greedy_ids(llm, prompts, max_tokens=32):
@@ -165,7 +168,7 @@ def test_dummy_qwen3_runs_on_gpu():
 
 
 def test_seeded_sampling_on_gpu_ignores_the_batch():
-    llm = LLM(DEMO_MODEL_DIR, device="cuda", max_model_len=1024, gpu_memory_utilization=0.3, max_num_seqs=16)
+    llm = LLM(DEMO_MODEL_DIR, **DEMO_GPU)
     seeded = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=40, seed=3, ignore_eos=True)
     alone = llm.generate(["Now is"], seeded, use_tqdm=False)[0]["token_ids"]
     mixed = llm.generate(["Beautiful", "Now is", "Errors should"],
@@ -178,8 +181,7 @@ def test_logprobs_on_gpu_match_cpu():
     params = SamplingParams(temperature=0, max_tokens=20, logprobs=3, prompt_logprobs=2)
     prompts = ["Beautiful is better than", "Errors should never"]
     cpu = LLM(DEMO_MODEL_DIR, device="cpu", max_model_len=1024).generate(prompts, params, use_tqdm=False)
-    gpu = LLM(DEMO_MODEL_DIR, device="cuda", max_model_len=1024, gpu_memory_utilization=0.3, max_num_seqs=16).generate(
-        prompts, params, use_tqdm=False)
+    gpu = LLM(DEMO_MODEL_DIR, **DEMO_GPU).generate(prompts, params, use_tqdm=False)
     for c, g in zip(cpu, gpu):
         assert c["token_ids"] == g["token_ids"]
         for dc, dg in zip(c["logprobs"] + c["prompt_logprobs"][1:], g["logprobs"] + g["prompt_logprobs"][1:]):
@@ -197,8 +199,7 @@ def test_logits_processors_on_gpu_match_cpu():
               SamplingParams(temperature=0, max_tokens=40, bad_words=["is", "the"], min_tokens=30),
               SamplingParams(temperature=0, max_tokens=40)]
     cpu = LLM(DEMO_MODEL_DIR, device="cpu", max_model_len=1024).generate(prompts, params, use_tqdm=False)
-    gpu = LLM(DEMO_MODEL_DIR, device="cuda", max_model_len=1024, gpu_memory_utilization=0.3, max_num_seqs=16).generate(
-        prompts, params, use_tqdm=False)
+    gpu = LLM(DEMO_MODEL_DIR, **DEMO_GPU).generate(prompts, params, use_tqdm=False)
     assert [o["token_ids"] for o in gpu] == [o["token_ids"] for o in cpu]
 
 
@@ -206,8 +207,7 @@ def test_logits_processors_on_gpu_match_cpu():
 def test_quantized_kv_on_gpu_equals_cpu_and_keeps_graphs(kv_cache_dtype):
     prompts = ["Beautiful is better than", "Errors should never", "Special cases aren't"]
     cpu = greedy_ids(LLM(DEMO_MODEL_DIR, device="cpu", max_model_len=1024, kv_cache_dtype=kv_cache_dtype), prompts, 60)
-    gpu = LLM(DEMO_MODEL_DIR, device="cuda", max_model_len=1024, kv_cache_dtype=kv_cache_dtype,
-              gpu_memory_utilization=0.3, max_num_seqs=16)
+    gpu = LLM(DEMO_MODEL_DIR, kv_cache_dtype=kv_cache_dtype, **DEMO_GPU)
     assert gpu.model_runner.graphs is not None
     assert greedy_ids(gpu, prompts, 60) == cpu
 
@@ -246,10 +246,9 @@ def test_speculative_decoding_on_gpu_gives_the_plain_greedy_tokens():
     prompts = ["Beautiful is better than ugly. Explicit is better than implicit. Beautiful is better than",
                "Errors should never pass silently. Errors should never", "Special cases aren't"]
     spec = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
-    kw = dict(device="cuda", max_model_len=1024, gpu_memory_utilization=0.3, max_num_seqs=16)
-    plain = greedy_ids(LLM(DEMO_MODEL_DIR, **kw), prompts, 60)
+    plain = greedy_ids(LLM(DEMO_MODEL_DIR, **DEMO_GPU), prompts, 60)
     for eager in (False, True):
-        llm = LLM(DEMO_MODEL_DIR, enforce_eager=eager, speculative_config=spec, **kw)
+        llm = LLM(DEMO_MODEL_DIR, enforce_eager=eager, speculative_config=spec, **DEMO_GPU)
         outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=60), use_tqdm=False)
         assert [o["token_ids"] for o in outs] == plain
         assert sum(o["metrics"]["num_accepted_tokens"] for o in outs) > 0
