@@ -116,12 +116,22 @@ def test_append_allocates_only_at_block_boundary():
     bm.allocate(s)
     s.num_computed_tokens = 16
     s.append_token(1)                               # token 16 needs block 2
-    assert bm.can_append(s)
-    bm.may_append(s)
+    assert bm.try_append(s)
     assert len(s.block_table) == 2
     s.append_token(2)
-    bm.may_append(s)
+    assert bm.try_append(s)
     assert len(s.block_table) == 2
+
+
+def test_append_takes_nothing_when_the_pool_is_short():
+    bm = BlockManager(2, BS)
+    s, t = seq_of(range(16)), seq_of(range(100, 116))
+    bm.allocate(s)
+    bm.allocate(t)
+    s.num_computed_tokens = 16
+    s.append_token(1)                               # token 16 needs a third block: none is free
+    assert not bm.try_append(s)
+    assert len(s.block_table) == 1 and bm.num_free_blocks == 0
 
 
 def test_decode_blocks_are_registered_once_full():

@@ -76,13 +76,15 @@ class BlockManager:
 
     def can_allocate(self, seq: Sequence) -> bool:
         hits = self._lookup(seq)
-        num_from_pool = seq.num_blocks - sum(self.blocks[b].ref_count > 0 for b in hits)
-        return num_from_pool <= self.num_free_blocks
+        return seq.num_blocks - sum(self.blocks[b].ref_count > 0 for b in hits) <= self.num_free_blocks
 
-    def allocate(self, seq: Sequence) -> None:
-        """Give `seq` blocks for all its tokens, reusing cached prefix blocks."""
+    def allocate(self, seq: Sequence) -> bool:
+        """Give `seq` blocks for all its tokens, reusing cached prefix blocks; False, with nothing taken,
+        when the pool has too few free blocks (one prefix lookup decides and allocates)."""
         assert not seq.block_table
         hits = self._lookup(seq)
+        if seq.num_blocks - sum(self.blocks[b].ref_count > 0 for b in hits) > self.num_free_blocks:
+            return False
         for block_id in hits:
             block = self.blocks[block_id]
             if block.ref_count == 0:
@@ -91,6 +93,7 @@ class BlockManager:
         seq.block_table = hits + [self._fresh_block() for _ in range(seq.num_blocks - len(hits))]
         seq.num_cached_tokens = seq.num_computed_tokens = len(hits) * self.block_size
         self.num_hashed_blocks[seq.seq_id] = len(hits)
+        return True
 
     def _fresh_block(self) -> int:
         block_id = next(iter(self.free_block_ids))
@@ -112,15 +115,19 @@ class BlockManager:
         self.num_hashed_blocks.pop(seq.seq_id, None)
 
     def _blocks_short(self, seq: Sequence) -> int:
-        return max(0, seq.num_blocks - len(seq.block_table))
+        """Blocks seq needs beyond its table for all its tokens (0 in all but one step of block_size)."""
+        short = -(-len(seq.token_ids) // self.block_size) - len(seq.block_table)
+        return short if short > 0 else 0
 
-    def can_append(self, seq: Sequence) -> bool:
-        return self._blocks_short(seq) <= self.num_free_blocks
-
-    def may_append(self, seq: Sequence) -> None:
-        """Make room for the K/V of the tokens up to position len(seq) - 1 (the last one, or drafts too)."""
-        for _ in range(self._blocks_short(seq)):
+    def try_append(self, seq: Sequence) -> bool:
+        """Make room for the K/V of the tokens up to position len(seq) - 1 (the last one, or drafts too);
+        False, with nothing taken, when the pool has too few free blocks."""
+        short = self._blocks_short(seq)
+        if short > len(self.free_block_ids):
+            return False
+        for _ in range(short):
             seq.block_table.append(self._fresh_block())
+        return True
 
     def commit(self, seq: Sequence, num_tokens: int | None = None) -> None:
         """Register every block that the first num_tokens tokens (by default the computed ones) fill, so

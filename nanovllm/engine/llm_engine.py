@@ -177,13 +177,14 @@ class LLMEngine:
         token_ids, logprobs = pending.collect()
         self.stats["gpu_wait_s"] += time.perf_counter() - start
         seqs = pending.batch.seqs
-        live = {row for row in pending.batch.sample_rows if not seqs[row].is_finished}
+        live = [row for row in pending.batch.sample_rows if not seqs[row].is_finished]
         for row in live:
             assert seqs[row].token_ids[-1] == PLACEHOLDER
             seqs[row].token_ids[-1] = token_ids[row]
-        logprobs.sampled = {row: d for row, d in logprobs.sampled.items() if row in live}
-        self._attach_logprobs(seqs, logprobs)
-        return [seqs[row] for row in sorted(live) if self._check_stop(seqs[row])]
+        if logprobs.sampled:
+            logprobs.sampled = {row: d for row, d in logprobs.sampled.items() if not seqs[row].is_finished}
+            self._attach_logprobs(seqs, logprobs)
+        return [seqs[row] for row in live if self._check_stop(seqs[row])]
 
     @staticmethod
     def _attach_logprobs(seqs: list[Sequence], logprobs) -> None:
@@ -195,9 +196,8 @@ class LLMEngine:
     def _check_stop(self, seq: Sequence, num_new: int = 1) -> bool:
         """Called once per step that gave seq new tokens (their values known): timing, then the stop
         conditions after each new token in turn; tokens after a stop (accepted drafts) are dropped."""
-        now = time.perf_counter()
         if seq.first_token_time is None:
-            seq.first_token_time = now
+            seq.first_token_time = time.perf_counter()
         later = seq.token_ids[len(seq) - num_new + 1:] if num_new > 1 else []
         if later:
             del seq.token_ids[len(seq) - len(later):]
@@ -206,7 +206,7 @@ class LLMEngine:
             seq.token_ids.append(later.pop(0))
             reason = self.stop_reason(seq)
         if reason:
-            seq.finish_time = now
+            seq.finish_time = time.perf_counter()
             self.scheduler.finish(seq, reason)
         return bool(reason)
 
@@ -218,7 +218,8 @@ class LLMEngine:
             return "stop"
         if params.stop and self._find_stop_string(seq):
             return "stop"
-        if seq.num_completion_tokens >= params.max_tokens or len(seq) >= self.config.max_model_len:
+        length = len(seq.token_ids)
+        if length - seq.num_prompt_tokens >= params.max_tokens or length >= self.config.max_model_len:
             return "length"
         return None
 

@@ -3,6 +3,7 @@
 Consecutive decode steps of the same sequences reuse the tensors. On CUDA the values go through pinned
 staging buffers (utils/pinned.py) with an asynchronous copy.
 """
+import numpy as np
 import torch
 
 from nanovllm.engine.sequence import Sequence
@@ -32,9 +33,14 @@ class SamplingInputs:
             if seq.sampling_params.seed is not None and seq.generator is None:
                 seq.generator = torch.Generator(device=self.device).manual_seed(seq.sampling_params.seed)
         n = len(seqs)
-        values = torch.tensor([[p.temperature for p in params],
-                               [p.top_k if p.top_k > 0 else self.vocab_size for p in params],
-                               [p.top_p for p in params], [p.min_p for p in params]], dtype=torch.float32)
+        # [4, n]: one row per setting, filled field by field (a list of floats converts quickly, nested lists not)
+        rows = np.empty((4, n), dtype=np.float32)
+        rows[0], rows[1] = [p.temperature for p in params], [p.top_k for p in params]
+        rows[2], rows[3] = [p.top_p for p in params], [p.min_p for p in params]
+        needs_filter = bool((rows[1] > 0).any() or (rows[2] < 1.0).any() or (rows[3] > 0.0).any())
+        all_greedy = bool((rows[0] == 0.0).all())
+        rows[1][rows[1] <= 0] = self.vocab_size     # top_k 0 (or -1): keep the whole vocabulary
+        values = torch.from_numpy(rows)
         if self.device.type == "cuda":   # [4, max_num_seqs] views of the staging buffers, rows filled to n
             (host,) = self.staging.next_host()
             host.view(4, self.max_num_seqs)[:, :n].copy_(values)
@@ -44,5 +50,4 @@ class SamplingInputs:
         return SamplingTensors(
             temperatures=temperatures, top_ks=top_ks, top_ps=top_ps, min_ps=min_ps,
             generators=[seq.generator for seq in seqs],
-            needs_filter=any(p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0 for p in params),
-            all_greedy=all(p.greedy for p in params))
+            needs_filter=needs_filter, all_greedy=all_greedy)

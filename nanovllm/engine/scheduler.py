@@ -35,8 +35,11 @@ class ScheduledBatch:
     sample_rows: list[int] = field(init=False)
 
     def __post_init__(self):
-        self.sample_rows = [i for i, (seq, n) in enumerate(zip(self.seqs, self.num_new_tokens))
-                            if seq.num_computed_tokens + n == len(seq)]
+        # a plain decode computes its sequence's last token; the other rows are checked
+        d = self.num_decodes
+        self.sample_rows = list(range(d)) + [i for i in range(d, len(self.seqs))
+                                             if self.seqs[i].num_computed_tokens + self.num_new_tokens[i] ==
+                                             len(self.seqs[i])]
 
     def logit_positions(self, cu_seqlens_q: list[int]) -> list[int]:
         """Token indices whose logits the step needs: each sampled row's last token, and a drafted row's
@@ -116,7 +119,7 @@ class Scheduler:
                 continue
             if speculate:
                 self._add_drafts(seq, budget - 1)
-            while not self.block_manager.can_append(seq):
+            while not self.block_manager.try_append(seq):
                 if seq.num_drafts:
                     seq.drop_drafts()                  # guesses never take a block from another request
                 elif self.running:
@@ -125,7 +128,6 @@ class Scheduler:
                     self.preempt(seq)
                     break
             else:
-                self.block_manager.may_append(seq)
                 scheduled.append(seq)
                 budget -= 1 + seq.num_drafts
         self.running.extendleft(reversed(scheduled + skipped))
@@ -147,9 +149,8 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             if not seq.block_table:
-                if not self.block_manager.can_allocate(seq):
+                if not self.block_manager.allocate(seq):
                     break
-                self.block_manager.allocate(seq)
             remaining = len(seq) - seq.num_computed_tokens
             num_new = min(remaining, budget)
             self.block_manager.commit(seq, seq.num_computed_tokens + num_new)   # shareable within this step
@@ -176,12 +177,18 @@ class Scheduler:
         received a token (token_ids[i] is None for a prefill chunk that does not reach the end)."""
         sampled = []
         for seq, num_new, token_id in zip(batch.seqs, batch.num_new_tokens, token_ids):
-            num_drafts = len(seq.drop_drafts())
+            num_drafts = len(seq.drop_drafts()) if seq.num_drafts else 0
             if seq.is_finished:
                 continue      # finished while this step was in flight
             if token_id is None:
                 seq.num_computed_tokens += num_new
                 self.block_manager.commit(seq)
+                continue
+            if not num_drafts:        # the common case: one new token
+                seq.num_computed_tokens += num_new
+                seq.token_ids.append(token_id)
+                self.block_manager.commit(seq)
+                sampled.append(seq)
                 continue
             # a row with drafts gets a list: the drafts the model accepted, then its own next token; the
             # K/V computed for the last real token and the accepted drafts stay, the rest is overwritten later

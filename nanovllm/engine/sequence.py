@@ -62,7 +62,7 @@ class Sequence:
     @property
     def will_finish(self) -> bool:
         """Its last token, still in flight, is its last by max_tokens: no further step needed."""
-        return self.num_completion_tokens >= self.sampling_params.max_tokens
+        return len(self.token_ids) - self.num_prompt_tokens >= self.sampling_params.max_tokens
 
     @property
     def num_completion_tokens(self) -> int:
@@ -78,7 +78,7 @@ class Sequence:
 
     @property
     def num_blocks(self) -> int:
-        return (len(self.token_ids) + self.block_size - 1) // self.block_size
+        return -(-len(self.token_ids) // self.block_size)
 
     def block(self, i: int) -> list[int]:
         assert 0 <= i < self.num_blocks
