@@ -128,6 +128,31 @@ def test_every_mixed_graph_size_matches_eager(tmp_path):
             llm.scheduler.block_manager.deallocate(seq)
 
 
+def test_eager_steps_queue_behind_the_step_in_flight(tmp_path):
+    """A step over the mixed graphs' token limit runs eagerly but is launched like a graph step: its decode
+    rows' input tokens are still in flight (placeholders gathered on the GPU). Eight sequences finish
+    together and eight ~900-token prompts take their seats in one eager step; greedy ids equal the CPU's."""
+    from nanovllm.engine.sequence import PLACEHOLDER
+    make_tiny_model(str(tmp_path), num_heads=4, num_kv_heads=2, head_dim=64)
+    rng = random.Random(3)
+    prompts = [[rng.randrange(256) for _ in range(n)] for n in [20] * 16 + [rng.randrange(850, 950) for _ in range(8)]]
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in [6] * 8 + [40] * 16]
+    kw = dict(kvcache_block_size=16, max_model_len=1024, max_num_seqs=16, max_num_batched_tokens=8192)
+    cpu = LLM(str(tmp_path), device="cpu", num_kvcache_blocks=1024, **kw).generate(prompts, params, use_tqdm=False)
+    llm = LLM(str(tmp_path), device="cuda", num_kvcache_blocks=1024, **kw)
+    runner, launched = llm.model_runner, []
+    launch = runner.launch
+
+    def spy(batch, prev):
+        if runner._graphs_for(batch) is None:      # eager, launched without waiting
+            launched.append(sum(seq.token_ids[-1] == PLACEHOLDER for seq in batch.seqs[:batch.num_decodes]))
+        return launch(batch, prev)
+    runner.launch = spy
+    gpu = llm.generate(prompts, params, use_tqdm=False)
+    assert [o["token_ids"] for o in gpu] == [o["token_ids"] for o in cpu]
+    assert any(n >= 8 for n in launched), launched
+
+
 def test_cascade_attention_gives_the_same_tokens(tmp_path, monkeypatch):
     """Requests behind one shared prefix, admitted a few at a time so that later ones hit the cached prefix
     blocks: with cascade attention (the prefix read once per step for its sharers) the greedy tokens equal

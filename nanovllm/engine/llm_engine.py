@@ -139,10 +139,11 @@ class LLMEngine:
         """One scheduled batch: returns (finished sequences, tokens computed, the step's kind: 'decode',
         'prefill' or 'mixed').
 
-        Steps that run on CUDA graphs overlap with the host: step N is launched before step N-1's tokens
-        are read, so the host's bookkeeping for N-1 runs while the GPU computes N. Step N's sequences carry
-        a PLACEHOLDER last token until then; its value reaches the GPU directly. A step that runs eagerly
-        reads every token from the host, so it waits for the step in flight first."""
+        With CUDA graphs on, steps overlap with the host: step N is launched before step N-1's tokens are
+        read, so the host's bookkeeping for N-1 runs while the GPU computes N. Step N's sequences carry a
+        PLACEHOLDER last token until then; its value reaches the GPU directly. This holds for steps too large
+        for a graph (run eagerly) as well; a step whose logits processors need the tokens, that verifies
+        drafts or computes prompt logprobs waits for the step in flight first (model_runner.can_launch_async)."""
         # drafts are proposed from a sequence's tokens, so a speculative step waits for the step in flight
         finished = self._drain() if self.scheduler.wants_drafts() else []
         batch = self.scheduler.schedule()

@@ -16,7 +16,7 @@ from nanovllm.engine.logprobs import StepLogprobs, prompt_logprobs, sampled_dict
 from nanovllm.engine.pending import PendingStep
 from nanovllm.engine.sampling_inputs import SamplingInputs
 from nanovllm.engine.scheduler import ScheduledBatch
-from nanovllm.engine.sequence import Sequence
+from nanovllm.engine.sequence import PLACEHOLDER, Sequence
 from nanovllm.engine.tp_worker import WorkerGroup
 from nanovllm.layers.attention import Attention
 from nanovllm.layers.sampler import Sampler, SamplingTensors
@@ -182,10 +182,20 @@ class ModelRunner:
         torch.cuda.empty_cache()
 
     # ---- one step -------------------------------------------------------------------------------
-    def prepare(self, batch: ScheduledBatch):
-        """Flat input ids and positions, the attention metadata, and which rows to sample."""
+    def _to_device(self, values, dtype=np.int64) -> torch.Tensor:
+        """Host values on the step's device without waiting for the GPU: copied into pinned memory (torch's
+        caching host allocator keeps the block until the copy has run), then copied asynchronously, so an
+        eager step queues behind the one in flight (torch.tensor(..., device=cuda) would wait for it)."""
+        host = torch.from_numpy(np.asarray(values, dtype=dtype))
+        if self.device.type != "cuda":
+            return host
+        return host.pin_memory().to(self.device, non_blocking=True)
+
+    def prepare(self, batch: ScheduledBatch, prev: PendingStep | None = None):
+        """Flat input ids and positions, the attention metadata, and which rows to sample. An input token
+        still in flight (a placeholder) is gathered on the device from `prev`'s sampled ids."""
         input_ids, positions, slots = [], [], []
-        cu_q, context_lens, sample_rows = [0], [], []
+        cu_q, context_lens, sample_rows, in_flight = [0], [], [], []
         max_blocks = max(len(seq.block_table) for seq in batch.seqs)
         block_tables = np.full((len(batch.seqs), max_blocks), -1, dtype=np.int32)
         for i, (seq, num_new) in enumerate(zip(batch.seqs, batch.num_new_tokens)):
@@ -200,28 +210,28 @@ class ModelRunner:
             context_lens.append(end)
             if end == len(seq):
                 sample_rows.append(i)
-        to = dict(device=self.device)
+            if seq.token_ids[end - 1] == PLACEHOLDER:    # only a sequence's last token is ever one
+                in_flight.append((cu_q[-1] - 1, prev.rows[seq.seq_id]))
         num_splits, order, shared = 1, None, None
         decodes = context_lens[:batch.num_decodes]   # the decode rows (all rows of a decode step)
         if decodes:
             num_splits = self.backend.plan_decode(len(decodes), self.attention_layers[0].num_kv_heads, max(decodes))
-            order = torch.from_numpy(decode_order(decodes)).to(**to)
-        if not batch.is_prefill:
-            if self.config.enable_cascade_attention and self.backend.supports_cascade:
-                plan = shared_prefix([s.block_table for s in batch.seqs], context_lens, self.block_size)
-                shared = torch.tensor(plan, dtype=torch.int32, **to) if plan[0] else None   # None: nothing shared
+            order = self._to_device(decode_order(decodes), np.int32)
+        if not batch.is_prefill and self.config.enable_cascade_attention and self.backend.supports_cascade:
+            plan = shared_prefix([s.block_table for s in batch.seqs], context_lens, self.block_size)
+            shared = self._to_device(plan, np.int32) if plan[0] else None   # None: nothing shared
         meta = AttentionMetadata(
-            is_prefill=batch.is_prefill,
-            slot_mapping=torch.from_numpy(np.concatenate(slots)).to(**to),
-            context_lens=torch.tensor(context_lens, dtype=torch.int32, **to),
-            block_tables=torch.from_numpy(block_tables).to(**to),
-            cu_seqlens_q=torch.tensor(cu_q, dtype=torch.int32, **to),
+            is_prefill=batch.is_prefill, slot_mapping=self._to_device(np.concatenate(slots)),
+            context_lens=self._to_device(context_lens, np.int32), block_tables=self._to_device(block_tables, np.int32),
+            cu_seqlens_q=self._to_device(cu_q, np.int32),
             max_seqlen_q=max(batch.num_new_tokens), max_seqlen_k=max(context_lens),
             context_lens_cpu=context_lens, cu_seqlens_q_cpu=cu_q, num_decodes=batch.num_decodes,
             num_decode_splits=num_splits, decode_order=order, shared=shared)
-        ids = torch.from_numpy(np.concatenate(input_ids)).to(**to)
-        pos = torch.from_numpy(np.concatenate(positions)).to(**to)
-        return ids, pos, meta, sample_rows
+        ids = self._to_device(np.concatenate(input_ids))
+        if in_flight:
+            at, rows = zip(*in_flight)
+            ids[self._to_device(at)] = prev.token_ids[self._to_device(rows)]
+        return ids, self._to_device(np.concatenate(positions)), meta, sample_rows
 
     def _forward(self, batch: ScheduledBatch, prev: PendingStep | None = None):
         """Hidden states, the batch rows to sample, and the metadata (None on a CUDA graph, whose hidden
@@ -229,12 +239,12 @@ class ModelRunner:
         graphs = self._graphs_for(batch)
         if graphs is not None:
             return graphs.run(batch if graphs is self.mixed_graphs else batch.seqs, prev), batch.sample_rows, None
-        input_ids, positions, meta, sample_rows = self.prepare(batch)
+        input_ids, positions, meta, sample_rows = self.prepare(batch, prev)
         with use_metadata(meta):
             return self.model(input_ids, positions), sample_rows, meta
 
     def _logit_positions(self, batch: ScheduledBatch, meta: AttentionMetadata) -> torch.Tensor:
-        return torch.tensor(batch.logit_positions(meta.cu_seqlens_q_cpu), dtype=torch.long, device=self.device)
+        return self._to_device(batch.logit_positions(meta.cu_seqlens_q_cpu))
 
     @torch.inference_mode()
     def forward_logits(self, batch: ScheduledBatch) -> tuple[torch.Tensor, list[int]]:
@@ -293,22 +303,27 @@ class ModelRunner:
             step_logprobs.sampled = sampled_dicts(wanted, batch.seqs, token_ids)
         return token_ids, step_logprobs
 
+    @staticmethod
+    def _wants_prompt_logprobs(batch: ScheduledBatch) -> bool:
+        return any(seq.sampling_params.prompt_logprobs is not None for seq in batch.seqs[batch.num_decodes:])
+
     def _graphs_for(self, batch: ScheduledBatch):
         """The CUDA graphs that run this step, or None (eager): decode graphs for decode steps, mixed graphs
         for steps with prefill chunks up to their token limit, unless a request wants prompt logprobs
         (which need every position's hidden state)."""
         if not batch.is_prefill:
             return self.graphs if self.graphs is not None and self.graphs.can_run(len(batch.seqs)) else None
-        if self.mixed_graphs is None or not self.mixed_graphs.can_run(batch):
-            return None
-        if any(seq.sampling_params.prompt_logprobs is not None for seq in batch.seqs[batch.num_decodes:]):
+        if self.mixed_graphs is None or not self.mixed_graphs.can_run(batch) or self._wants_prompt_logprobs(batch):
             return None
         return self.mixed_graphs
 
     def can_launch_async(self, batch: ScheduledBatch) -> bool:
-        """Steps on CUDA graphs can be launched without waiting for the previous step's tokens, unless a
-        request's logits processors need them (penalties, bad words, min_tokens) or the step verifies drafts."""
-        return self._graphs_for(batch) is not None and not needs_processing(batch.seqs) and not batch.num_drafted
+        """With CUDA graphs on, a step can be launched without waiting for the previous step's tokens,
+        whether it replays a graph or runs eagerly (a step over the graphs' token limit), unless a request's
+        logits processors need those tokens (penalties, bad words, min_tokens), the step verifies drafts,
+        or it computes prompt logprobs (read back at once)."""
+        return (self.graphs is not None and not needs_processing(batch.seqs) and not batch.num_drafted
+                and not (batch.is_prefill and self._wants_prompt_logprobs(batch)))
 
     def launch(self, batch: ScheduledBatch, prev: PendingStep | None) -> PendingStep:
         """Enqueue a step on CUDA graphs (inputs, graph, logits, sampling, copy of the ids to the host); no wait.
@@ -320,7 +335,9 @@ class ModelRunner:
 
     @torch.inference_mode()
     def _launch(self, batch: ScheduledBatch, prev: PendingStep | None) -> PendingStep:
-        hidden_states, sample_rows, _ = self._forward(batch, prev)
+        hidden_states, sample_rows, meta = self._forward(batch, prev)
+        if meta is not None:    # an eager step: every token's hidden state
+            hidden_states = hidden_states[self._logit_positions(batch, meta)]
         seqs = [batch.seqs[row] for row in sample_rows]
         wanted = None
         if seqs:
