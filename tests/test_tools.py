@@ -105,3 +105,14 @@ def test_floor_counts_the_weights_a_token_reads(monkeypatch):
     assert active_params(moe) == active
     moe.mlp_only_layers = [0]             # ...until a layer is dense
     assert active_params(moe) > active
+
+
+def test_host_step_benchmark_runs_the_engine_without_a_gpu(tmp_path):
+    """benchmarks/bench_host_step.py drives the engine's own host code (scheduler, graph-input staging, stop
+    checks) to the end of the short workload, through mixed and decode steps."""
+    out_file = tmp_path / "host.json"
+    subprocess.run([sys.executable, "benchmarks/bench_host_step.py", "--workload", "short", "--out", str(out_file)],
+                   cwd=ROOT, check=True, capture_output=True, timeout=300, env=dict(os.environ, PYTHONPATH=ROOT))
+    result = json.loads(out_file.read_text())
+    assert result["steps"]["mixed"] > 100 and result["steps"]["decode"] > 100
+    assert result["host_ms_per_step"]["mixed"] > 0
