@@ -41,6 +41,19 @@ def no_garbage_collection():
             gc.enable()
 
 
+def capture_forward(model: torch.nn.Module, meta: AttentionMetadata, input_ids: torch.Tensor,
+                    positions: torch.Tensor, outputs: torch.Tensor, pool) -> torch.cuda.CUDAGraph:
+    """One forward to warm up (compilation, autotuning), then the same forward captured into a graph whose
+    memory comes from `pool` (None: a new pool); it writes outputs[:len(input_ids)]."""
+    n = len(input_ids)
+    graph = torch.cuda.CUDAGraph()
+    with use_metadata(meta):
+        outputs[:n] = model(input_ids, positions)
+        with torch.cuda.graph(graph, pool):
+            outputs[:n] = model(input_ids, positions)
+    torch.cuda.synchronize()
+    return graph
+
 def write_block_tables(tables: np.ndarray, block_tables: list[list[int]]) -> None:
     """Ragged block tables into the first rows of `tables` [rows, max_blocks] in one vectorized write (the
     rest of each row keeps its value: callers fill -1 first). A Python loop writing row by row costs about
@@ -117,14 +130,10 @@ class DecodeGraphs:
         with no_garbage_collection():
             for bs in reversed(self.sizes):        # largest first: the others reuse its memory pool
                 for cascade in (False, True) if self.cascade else (False,):
-                    graph = torch.cuda.CUDAGraph()
-                    with use_metadata(self._meta(bs, cascade)):
-                        self.outputs[:bs] = self.model(self.input_ids[:bs], self.positions[:bs])   # warm-up
-                        with torch.cuda.graph(graph, pool):
-                            self.outputs[:bs] = self.model(self.input_ids[:bs], self.positions[:bs])
+                    graph = capture_forward(self.model, self._meta(bs, cascade), self.input_ids[:bs],
+                                            self.positions[:bs], self.outputs, pool)
                     pool = graph.pool()
                     self.graphs[bs, cascade] = graph
-                    torch.cuda.synchronize()
         self.pool = pool                           # shared with the mixed-step graphs
 
     def can_run(self, num_seqs: int) -> bool:
@@ -228,14 +237,10 @@ class MixedGraphs:
         self.cu_seqlens_q.zero_()
         with no_garbage_collection():
             for n in reversed(self.sizes):
-                graph = torch.cuda.CUDAGraph()
-                with use_metadata(self._meta(n)):
-                    self.outputs[:n] = self.model(self.input_ids[:n], self.positions[:n])   # warm-up
-                    with torch.cuda.graph(graph, self.pool):
-                        self.outputs[:n] = self.model(self.input_ids[:n], self.positions[:n])
+                graph = capture_forward(self.model, self._meta(n), self.input_ids[:n], self.positions[:n],
+                                        self.outputs, self.pool)
                 self.pool = graph.pool()
                 self.graphs[n] = graph
-                torch.cuda.synchronize()
 
     def can_run(self, batch) -> bool:
         return batch.num_tokens <= self.max_tokens and len(batch.seqs) <= self.max_seqs
