@@ -99,3 +99,34 @@ def test_overlapped_decode_matches_synchronous(model_dir, kw):
     assert [o["logprobs"] for o in over] == [o["logprobs"] for o in sync]
     assert all(len(o["logprobs"]) == len(o["token_ids"]) for o in over if o["logprobs"] is not None)
     assert {o["finish_reason"] for o in sync} >= {"stop", "length"}
+
+
+def test_eager_inputs_take_in_flight_tokens_from_the_previous_step(model_dir):
+    """An eager step launched behind the step in flight (a step too large for a CUDA graph): prepare() takes
+    each placeholder input token from that step's sampled ids, giving the inputs of the same batch with the
+    tokens known."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from nanovllm.engine.scheduler import ScheduledBatch
+    from nanovllm.engine.sequence import Sequence
+    llm = LLM(model_dir, kvcache_block_size=16, max_model_len=256, num_kvcache_blocks=64)
+    rng = random.Random(1)
+    decodes = [Sequence([rng.randrange(250) for _ in range(rng.randrange(2, 40))]) for _ in range(3)]
+    chunk = Sequence([rng.randrange(250) for _ in range(30)])
+    for seq in decodes + [chunk]:
+        llm.scheduler.block_manager.allocate(seq)
+    for seq in decodes:
+        seq.num_computed_tokens = len(seq) - 1
+    ids, positions, meta, rows = llm.model_runner.prepare(ScheduledBatch(decodes + [chunk], [1, 1, 1, 30], 3))
+    sampled = [seq.token_ids[-1] for seq in decodes]
+    for seq in decodes:
+        seq.token_ids[-1] = PLACEHOLDER
+    # the step in flight sampled [99, sampled[2], sampled[1], sampled[0]]: decodes[i] is its row 3 - i
+    prev = SimpleNamespace(token_ids=torch.tensor([99, *sampled[::-1]]),
+                           rows={seq.seq_id: 3 - i for i, seq in enumerate(decodes)})
+    ids2, positions2, meta2, rows2 = llm.model_runner.prepare(ScheduledBatch(decodes + [chunk], [1, 1, 1, 30], 3),
+                                                              prev)
+    assert ids2.tolist() == ids.tolist() and torch.equal(positions2, positions) and rows2 == rows == [0, 1, 2, 3]
+    assert torch.equal(meta2.slot_mapping, meta.slot_mapping)
