@@ -54,6 +54,7 @@ def capture_forward(model: torch.nn.Module, meta: AttentionMetadata, input_ids: 
     torch.cuda.synchronize()
     return graph
 
+
 def write_block_tables(tables: np.ndarray, block_tables: list[list[int]]) -> None:
     """Ragged block tables into the first rows of `tables` [rows, max_blocks] in one vectorized write (the
     rest of each row keeps its value: callers fill -1 first). A Python loop writing row by row costs about
