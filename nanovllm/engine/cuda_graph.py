@@ -15,13 +15,12 @@ has a second graph that reads it, replayed only on steps that share something.
 """
 import contextlib
 import gc
-from itertools import chain
 
-import numpy as np
 import torch
 
 from nanovllm.attention.metadata import AttentionMetadata, decode_order, shared_prefix, use_metadata
-from nanovllm.engine.sequence import PLACEHOLDER, Sequence
+from nanovllm.engine.sequence import Sequence
+from nanovllm.engine.step_inputs import stage_one_token_rows, stage_rows, take_in_flight_tokens, write_block_tables
 from nanovllm.utils.pinned import PinnedDoubleBuffer
 
 
@@ -53,35 +52,6 @@ def capture_forward(model: torch.nn.Module, meta: AttentionMetadata, input_ids: 
             outputs[:n] = model(input_ids, positions)
     torch.cuda.synchronize()
     return graph
-
-
-def write_block_tables(tables: np.ndarray, block_tables: list[list[int]]) -> None:
-    """Ragged block tables into the first rows of `tables` [rows, max_blocks] in one vectorized write (the
-    rest of each row keeps its value: callers fill -1 first). A Python loop writing row by row costs about
-    a microsecond per row, which at 1,024 running sequences is a millisecond of every step."""
-    lens = np.fromiter(map(len, block_tables), dtype=np.int64, count=len(block_tables))
-    flat = np.fromiter(chain.from_iterable(block_tables), dtype=tables.dtype, count=int(lens.sum()))
-    rows = np.repeat(np.arange(len(block_tables)), lens)
-    cols = np.arange(len(flat)) - np.repeat(np.cumsum(lens) - lens, lens)
-    tables[rows, cols] = flat
-
-
-def stage_one_token_rows(seqs: list[Sequence], tables: np.ndarray, ids: np.ndarray, pos: np.ndarray,
-                         slots: np.ndarray, src: np.ndarray, prev, block_size: int) -> np.ndarray:
-    """Inputs of rows that compute one token each (decodes), rows 0..len(seqs)-1, their block tables already
-    in `tables`: the token, its position and cache slot, and for a placeholder token the row of `prev`'s
-    sampled ids that holds it (else -1). Returns the rows' context lengths."""
-    n = len(seqs)
-    start = np.fromiter((seq.num_computed_tokens for seq in seqs), dtype=np.int64, count=n)
-    tokens = [seq.token_ids[seq.num_computed_tokens] for seq in seqs]
-    ids[:n] = tokens
-    pos[:n] = start
-    slots[:n] = tables[np.arange(n), start // block_size] * block_size + start % block_size
-    src[:n] = -1
-    in_flight = [i for i, token in enumerate(tokens) if token == PLACEHOLDER]
-    if in_flight:
-        src[in_flight] = [prev.rows[seqs[i].seq_id] for i in in_flight]
-    return start + 1
 
 
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:
@@ -166,9 +136,7 @@ class DecodeGraphs:
             cascade = bool(plan[0])
         self.staging.upload([host64, host32], [None, 3 * n + 2 + graph_bs * self.max_blocks])
         if gather:
-            src_rows = self.src_rows[:bs]
-            self.input_ids[:bs] = torch.where(src_rows >= 0, prev.token_ids[src_rows.clamp(min=0)],
-                                              self.input_ids[:bs])
+            take_in_flight_tokens(self.input_ids[:bs], self.src_rows[:bs], prev)
         self.graphs[graph_bs, cascade].replay()
         return self.outputs[:bs]
 
@@ -261,26 +229,9 @@ class MixedGraphs:
         tiles = h32[3 * s + 1:3 * s + 1 + 2 * self.capacity[self.sizes[-1]]]
         tables = h32[3 * s + 1 + len(tiles):].reshape(s, self.max_blocks)
         tables[:num_seqs] = -1
-        write_block_tables(tables, [seq.block_table for seq in batch.seqs])
+        stage_rows(batch, tables, ids, pos, slots, src, ctx, cu, prev, bs)
         decodes = batch.num_decodes                  # rows 0..decodes-1: one token each, row i is token i
-        ctx[:decodes] = stage_one_token_rows(batch.seqs[:decodes], tables, ids, pos, slots, src, prev, bs)
-        cu[1:decodes + 1] = np.arange(1, decodes + 1)
-        src[decodes:num_tokens] = -1
-        q = decodes
-        for i in range(decodes, num_seqs):           # prefill chunks (and decodes with drafts)
-            seq, num_new = batch.seqs[i], batch.num_new_tokens[i]
-            start = seq.num_computed_tokens
-            end = start + num_new
-            p = np.arange(start, end)
-            ids[q:q + num_new] = seq.token_ids[start:end]
-            pos[q:q + num_new] = p
-            slots[q:q + num_new] = tables[i, p // bs] * bs + p % bs
-            if seq.token_ids[end - 1] == PLACEHOLDER:   # only a sequence's last token is ever one
-                src[q + num_new - 1] = prev.rows[seq.seq_id]
-            q += num_new
-            ctx[i], cu[i + 1] = end, q
         gather = bool((src[:num_tokens] >= 0).any())
-        cu[0] = 0
         ids[num_tokens:n] = pos[num_tokens:n] = 0
         slots[num_tokens:n] = -1
         ctx[num_seqs:] = 0
@@ -293,8 +244,6 @@ class MixedGraphs:
         last[:len(read)] = read
         self.staging.upload([host64, host32])
         if gather:
-            src_rows = self.src_rows[:num_tokens]
-            self.input_ids[:num_tokens] = torch.where(src_rows >= 0, prev.token_ids[src_rows.clamp(min=0)],
-                                                      self.input_ids[:num_tokens])
+            take_in_flight_tokens(self.input_ids[:num_tokens], self.src_rows[:num_tokens], prev)
         self.graphs[n].replay()
         return self.outputs[self.last_tokens[:len(read)]]

@@ -16,7 +16,8 @@ from nanovllm.engine.logprobs import StepLogprobs, prompt_logprobs, sampled_dict
 from nanovllm.engine.pending import PendingStep
 from nanovllm.engine.sampling_inputs import SamplingInputs
 from nanovllm.engine.scheduler import ScheduledBatch
-from nanovllm.engine.sequence import PLACEHOLDER, Sequence
+from nanovllm.engine.sequence import Sequence
+from nanovllm.engine.step_inputs import stage_rows, take_in_flight_tokens
 from nanovllm.engine.tp_worker import WorkerGroup
 from nanovllm.layers.attention import Attention
 from nanovllm.layers.sampler import Sampler, SamplingTensors
@@ -194,24 +195,12 @@ class ModelRunner:
     def prepare(self, batch: ScheduledBatch, prev: PendingStep | None = None):
         """Flat input ids and positions, the attention metadata, and which rows to sample. An input token
         still in flight (a placeholder) is gathered on the device from `prev`'s sampled ids."""
-        input_ids, positions, slots = [], [], []
-        cu_q, context_lens, sample_rows, in_flight = [0], [], [], []
-        max_blocks = max(len(seq.block_table) for seq in batch.seqs)
-        block_tables = np.full((len(batch.seqs), max_blocks), -1, dtype=np.int32)
-        for i, (seq, num_new) in enumerate(zip(batch.seqs, batch.num_new_tokens)):
-            start, end = seq.num_computed_tokens, seq.num_computed_tokens + num_new
-            table = np.asarray(seq.block_table, dtype=np.int64)
-            block_tables[i, :len(table)] = table
-            pos = np.arange(start, end)
-            input_ids.append(np.asarray(seq.token_ids[start:end], dtype=np.int64))
-            positions.append(pos)
-            slots.append(table[pos // self.block_size] * self.block_size + pos % self.block_size)
-            cu_q.append(cu_q[-1] + num_new)
-            context_lens.append(end)
-            if end == len(seq):
-                sample_rows.append(i)
-            if seq.token_ids[end - 1] == PLACEHOLDER:    # only a sequence's last token is ever one
-                in_flight.append((cu_q[-1] - 1, prev.rows[seq.seq_id]))
+        num_seqs = len(batch.seqs)
+        tables = np.full((num_seqs, max(len(seq.block_table) for seq in batch.seqs)), -1, dtype=np.int32)
+        ids, pos, slots, src = np.empty((4, batch.num_tokens), dtype=np.int64)
+        ctx, cu = np.empty(num_seqs, dtype=np.int32), np.empty(num_seqs + 1, dtype=np.int32)
+        stage_rows(batch, tables, ids, pos, slots, src, ctx, cu, prev, self.block_size)
+        context_lens, cu_q = ctx.tolist(), cu.tolist()
         num_splits, order, shared = 1, None, None
         decodes = context_lens[:batch.num_decodes]   # the decode rows (all rows of a decode step)
         if decodes:
@@ -221,17 +210,16 @@ class ModelRunner:
             plan = shared_prefix([s.block_table for s in batch.seqs], context_lens, self.block_size)
             shared = self._to_device(plan, np.int32) if plan[0] else None   # None: nothing shared
         meta = AttentionMetadata(
-            is_prefill=batch.is_prefill, slot_mapping=self._to_device(np.concatenate(slots)),
-            context_lens=self._to_device(context_lens, np.int32), block_tables=self._to_device(block_tables, np.int32),
-            cu_seqlens_q=self._to_device(cu_q, np.int32),
+            is_prefill=batch.is_prefill, slot_mapping=self._to_device(slots),
+            context_lens=self._to_device(ctx, np.int32), block_tables=self._to_device(tables, np.int32),
+            cu_seqlens_q=self._to_device(cu, np.int32),
             max_seqlen_q=max(batch.num_new_tokens), max_seqlen_k=max(context_lens),
             context_lens_cpu=context_lens, cu_seqlens_q_cpu=cu_q, num_decodes=batch.num_decodes,
             num_decode_splits=num_splits, decode_order=order, shared=shared)
-        ids = self._to_device(np.concatenate(input_ids))
-        if in_flight:
-            at, rows = zip(*in_flight)
-            ids[self._to_device(at)] = prev.token_ids[self._to_device(rows)]
-        return ids, self._to_device(np.concatenate(positions)), meta, sample_rows
+        input_ids = self._to_device(ids)
+        if (src >= 0).any():
+            take_in_flight_tokens(input_ids, self._to_device(src), prev)
+        return input_ids, self._to_device(pos), meta, batch.sample_rows
 
     def _forward(self, batch: ScheduledBatch, prev: PendingStep | None = None):
         """Hidden states, the batch rows to sample, and the metadata (None on a CUDA graph, whose hidden
