@@ -1,7 +1,7 @@
 """Decode attention over bench.py's decode steps, timed in CUDA graphs: which launch settings and split-KV
 factor each batch size wants.
 
-    python benchmarks/bench_decode_steps.py [--kv-cache-dtype auto int8 fp8] [--every 32]
+    python benchmarks/bench_decode_steps.py [--model Qwen3-0.6B] [--kv-cache-dtype auto int8 fp8] [--every 32]
         [--splits 1 2 4 8] [--settings 64/2/3 128/4/2 ...] [--long 64x8192] [--write]
     python benchmarks/bench_decode_steps.py --recompute decode-steps.json --write   # no GPU
 
@@ -16,8 +16,10 @@ setting with the engine's split factors, and the best variant per graph batch si
 --write stores, per dtype, settings per launch size (programs per SM, which the graph batch size fixes) in
 nanovllm/attention/tuned/decode-<GPU>.json: each size's fastest over its steps (and over --long batches,
 so that long contexts at that size count too), when they save 1% of the run over the tuned ones or only
-move a threshold. --recompute chooses them again from a saved JSON.
-Qwen3-0.6B attention shape; writes results/kv_int8_cache/decode-steps.json (untracked) or --out.
+move a threshold; at the top level for head_dim 128, under "by_head_dim" for another (e.g. --model
+Llama-3.2-1B, head_dim 64). --recompute chooses them again from a saved JSON.
+The attention shape (heads, KV heads, head_dim, layers) is --model's, a shipped config (default
+Qwen3-0.6B); writes results/kv_int8_cache/decode-steps.json (untracked) or --out.
 """
 import argparse
 import json
@@ -37,6 +39,7 @@ from bench import workload  # noqa: E402
 from benchmarks.timing import graph_us  # noqa: E402
 from nanovllm.attention.metadata import decode_order  # noqa: E402
 from nanovllm.attention.triton_decode import (  # noqa: E402
+    TUNED_HEAD_DIM,
     decode_attention,
     launch_settings,
     num_decode_splits,
@@ -44,13 +47,24 @@ from nanovllm.attention.triton_decode import (  # noqa: E402
     tuned_settings_path,
     tuned_table,
 )
+from nanovllm.config import load_hf_config  # noqa: E402
+from nanovllm.configs import shipped_config_dir  # noqa: E402
 from nanovllm.engine.cuda_graph import graph_batch_sizes  # noqa: E402
+from nanovllm.models.decoder import head_dim_of  # noqa: E402
 from nanovllm.quant.kv import LayerKVCache  # noqa: E402
 from nanovllm.utils.results import results_path, save_record  # noqa: E402
 from nanovllm.utils.tuned import num_sms as sm_count  # noqa: E402
 
-HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE, LAYERS = 16, 8, 128, 256, 28
+HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE, LAYERS = 16, 8, 128, 256, 28     # Qwen3-0.6B's; --model sets them
 MAX_MODEL_LEN = 4096      # bench.py's: the engine plans each graph's splits with it
+
+
+def set_model_shape(name: str) -> None:
+    """Heads, KV heads, head_dim and layers of a shipped config, for every function here."""
+    global HEADS, KV_HEADS, HEAD_DIM, LAYERS
+    cfg = load_hf_config(shipped_config_dir(name))
+    HEADS, KV_HEADS, HEAD_DIM = cfg.num_attention_heads, cfg.num_key_value_heads, head_dim_of(cfg)
+    LAYERS = cfg.num_hidden_layers
 
 
 def bench_steps(every: int) -> list[tuple[int, list[int]]]:
@@ -205,25 +219,33 @@ def choose_tiers(record: dict, every: int, current: list[str]) -> dict:
             "tiers_replace_tuned": saves or [settings for _, settings in tiers] == current}
 
 
-def write_tuned(records: list[dict], command: str, gpu: str) -> None:
+def write_tuned(records: list[dict], command: str, gpu: str, head_dim: int = TUNED_HEAD_DIM) -> None:
     """Store each dtype's tiers in nanovllm/attention/tuned/decode-<GPU>.json: the first as its general
-    settings, the others under "many_programs" with their least programs per SM."""
+    settings, the others under "many_programs" with their least programs per SM; at the top level for
+    head_dim 128, else under "by_head_dim"."""
     table = dict(tuned_table(gpu))
     table.pop("note", None)          # it described the values being replaced
-    settings, many_programs = dict(table.get("settings", {})), dict(table.get("many_programs", {}))
+    by_head_dim = dict(table.get("by_head_dim", {}))
+    entry = table if head_dim == TUNED_HEAD_DIM else dict(by_head_dim.get(str(head_dim), {}))
+    settings, many_programs = dict(entry.get("settings", {})), dict(entry.get("many_programs", {}))
     for rec in (r for r in records if r["tiers_replace_tuned"]):
         kind, tiers = rec["kv_cache_dtype"], rec["tiers"]
         settings[kind] = parse_settings(tiers[0][1])
         many_programs.pop(kind, None)
         if len(tiers) > 1:
             many_programs[kind] = [{"min_programs_per_sm": least, **parse_settings(s)} for least, s in tiers[1:]]
-    table.update(settings=settings, many_programs=many_programs, gpu=gpu, command=command,
-                 date=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    if head_dim == TUNED_HEAD_DIM:
+        table.update(settings=settings, many_programs=many_programs)
+    else:
+        by_head_dim[str(head_dim)] = {"settings": settings, "many_programs": many_programs}
+        table["by_head_dim"] = by_head_dim
+    table.update(gpu=gpu, command=command, date=datetime.now(timezone.utc).isoformat(timespec="seconds"))
     save_record(table, tuned_settings_path(gpu))
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model", default="Qwen3-0.6B", help="a shipped config: the attention shape")
     parser.add_argument("--kv-cache-dtype", nargs="+", default=["auto", "int8", "fp8"])
     parser.add_argument("--every", type=int, default=32)
     parser.add_argument("--splits", type=int, nargs="+", default=[1, 2, 4, 8])
@@ -242,23 +264,25 @@ def main():
     if args.recompute:
         with open(args.recompute) as f:
             meta = json.load(f)
+        set_model_shape(meta.get("model", "Qwen3-0.6B"))
         records = meta.pop("records")
         table = tuned_table(meta["gpu"])
         for rec in records:
             for r in rec["steps"]:
                 r["programs_per_sm"] = programs_per_sm(r["graph_batch"], r["engine_splits"], meta.get("num_sms", 132))
                 r["us"] = {settings: {int(n): t for n, t in by_split.items()} for settings, by_split in r["us"].items()}
-            current = list(dict.fromkeys(label(pick_settings(table, rec["kv_cache_dtype"], per_sm))
+            current = list(dict.fromkeys(label(pick_settings(table, rec["kv_cache_dtype"], per_sm, HEAD_DIM))
                                          for per_sm in range(64)))
             rec.update(choose_tiers(rec, meta["every"], current))
         meta["tiers_recomputed_by"] = "python " + " ".join(sys.argv)
     else:
+        set_model_shape(args.model)
         meta, records = measure(args)
     with open(args.out, "w") as f:
         json.dump({**meta, "records": records}, f, indent=1)
     if args.write:
         write_tuned(records, meta.get("tiers_recomputed_by", meta["command"]) + f" (timings: {meta['command']}, "
-                    f"{meta['date']})", meta["gpu"])
+                    f"{meta['date']})", meta["gpu"], HEAD_DIM)
 
 
 def measure(args) -> tuple[dict, list[dict]]:
@@ -283,7 +307,7 @@ def measure(args) -> tuple[dict, list[dict]]:
         print(json.dumps({k: v for k, v in records[-1].items() if k != "steps"}), flush=True)
     meta = {"gpu": torch.cuda.get_device_name(), "num_sms": num_sms, "command": "python " + " ".join(sys.argv),
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "every": args.every,
-            "layers": LAYERS}
+            "model": args.model, "head_dim": HEAD_DIM, "layers": LAYERS}
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     return meta, records
 

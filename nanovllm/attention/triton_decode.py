@@ -19,11 +19,16 @@ converted to float16 (one instruction per two values; to bfloat16 it takes sever
 FP8 cache the dots run in float16 (the query converted once). An INT8 tile is not converted at all: both
 dots run on the INT8 tensor cores (the query rounded per row to INT8 once, P times V's scales rounded per
 row of each tile; triton_tiles.int8_scores / int8_pv), which needs tiles of at least 32 keys.
-Launch settings (keys per tile, warps, pipeline stages) come per GPU model, KV cache dtype and launch size
-(programs per SM, fixed per CUDA graph by its batch size) from tuned/decode-<GPU>.json, as vLLM ships tuned
-kernel configs per device; DEFAULT_SETTINGS elsewhere. `benchmarks/bench_decode_steps.py --write`
+Launch settings (keys per tile, warps, pipeline stages) come per GPU model, head_dim, KV cache dtype and
+launch size (programs per SM, fixed per CUDA graph by its batch size) from tuned/decode-<GPU>.json, as vLLM
+ships tuned kernel configs per device; DEFAULT_SETTINGS elsewhere. `benchmarks/bench_decode_steps.py --write`
 writes it from bench.py's decode steps timed in CUDA graphs: on the H200 an INT8 or FP8 cache runs full
 batches fastest as 2-warp programs over 64-key tiles, and fewer programs as larger ones over 128 keys.
+The file's top level was measured at head_dim 128 (Qwen3, Llama 8B); other head dims have their own entry
+under "by_head_dim" (`bench_decode_steps.py --model Llama-3.2-1B` writes head_dim 64's). A head_dim with
+no entry takes the head_dim-128 settings with tiles of the same bytes (block_n scaled by 128 / head_dim):
+a tile's fixed cost (its softmax, its loop trip) is paid per tile, so at head_dim 64 a 64-key tile reads
+half the bytes for the same overhead.
 Reference: `paged_attention_ref` with one query per sequence.
 """
 import functools
@@ -50,6 +55,8 @@ from nanovllm.utils.precision import dot_precision
 from nanovllm.utils.tuned import device_name, num_sms, read_tuned, tuned_path
 
 DEFAULT_SETTINGS = {"block_n": 64, "num_warps": 4, "num_stages": 3}
+TUNED_HEAD_DIM = 128       # what DEFAULT_SETTINGS and a tuned file's top level were measured at
+MAX_BLOCK_N = 256
 INT8_MIN_BLOCK_N = 32
 SHARED_ROWS = 64           # (sequence, head) pairs per program of the cascade's shared-prefix launch
 TUNED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuned")
@@ -72,23 +79,34 @@ def tuned_settings(gpu_name: str) -> dict[str, dict]:
     return tuned_table(gpu_name).get("settings", {})
 
 
-def pick_settings(table: dict, kind: str, programs_per_sm: float) -> dict:
-    """The launch settings of a tuned table for this KV cache dtype and launch size. Many programs per SM
-    favour small ones (bench.py's full batches: 2 warps over 64-key tiles); fewer programs favour larger
-    ones, which keep more warps busy on each SM."""
-    settings = table.get("settings", {}).get(kind, DEFAULT_SETTINGS)
-    for tier in table.get("many_programs", {}).get(kind, []):    # ascending min_programs_per_sm
+def pick_settings(table: dict, kind: str, programs_per_sm: float, head_dim: int = TUNED_HEAD_DIM) -> dict:
+    """The launch settings of a tuned table for this KV cache dtype, launch size and head_dim. Many programs
+    per SM favour small ones (bench.py's full batches: 2 warps over 64-key tiles); fewer programs favour
+    larger ones, which keep more warps busy on each SM. A head_dim without its own entry scales block_n to
+    keep the tile's bytes."""
+    entry = table.get("by_head_dim", {}).get(str(head_dim))
+    if entry is None:
+        entry = table
+        scale = TUNED_HEAD_DIM / head_dim
+    else:
+        scale = 1
+    settings = entry.get("settings", {}).get(kind, DEFAULT_SETTINGS)
+    for tier in entry.get("many_programs", {}).get(kind, []):    # ascending min_programs_per_sm
         if programs_per_sm >= tier["min_programs_per_sm"]:
             settings = {key: value for key, value in tier.items() if key != "min_programs_per_sm"}
+    if scale != 1 and "block_n" in settings:
+        block_n = min(MAX_BLOCK_N, max(16, triton.next_power_of_2(int(settings["block_n"] * scale))))
+        settings = {**settings, "block_n": block_n}
     return settings
 
 
 def launch_settings(cache: LayerKVCache, num_programs: int = 0) -> dict:
-    """Tuned settings for this GPU model, KV cache dtype and number of programs (DEFAULT_SETTINGS on CPU)."""
+    """Tuned settings for this GPU model, head_dim, KV cache dtype and number of programs (DEFAULT_SETTINGS on
+    CPU)."""
     if not cache.k.is_cuda:
         return DEFAULT_SETTINGS
     table = tuned_table(device_name(cache.k.device))
-    return pick_settings(table, kv_cache_kind(cache), num_programs / num_sms(cache.k.device))
+    return pick_settings(table, kv_cache_kind(cache), num_programs / num_sms(cache.k.device), cache.k.shape[-1])
 
 
 __all__ = ["decode_attention", "paged_attention_ref"]

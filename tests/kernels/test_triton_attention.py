@@ -201,7 +201,8 @@ def test_split_count_fills_the_gpu_and_is_a_power_of_two():
 @pytest.mark.parametrize("settings", [{"block_n": 16, "num_warps": 2, "num_stages": 2},
                                       {"block_n": 32, "num_warps": 2, "num_stages": 2},
                                       {"block_n": 128, "num_warps": 8, "num_stages": 4},
-                                      {"block_n": 64, "num_warps": 2, "num_stages": 3}])
+                                      {"block_n": 64, "num_warps": 2, "num_stages": 3},
+                                      {"block_n": 256, "num_warps": 4, "num_stages": 1}])  # head_dim 64's tiles
 @pytest.mark.parametrize("kv_cache_dtype", KV_DTYPES)
 @pytest.mark.parametrize("heads", [(8, 2), (4, 4)])
 def test_decode_launch_settings_do_not_change_results(settings, kv_cache_dtype, heads):
@@ -238,6 +239,25 @@ def test_launches_of_many_programs_take_their_own_tuned_settings():
     assert pick_settings(table, "fp8", 100) == few
     assert pick_settings(table, "auto", 100) == DEFAULT_SETTINGS
     assert pick_settings({}, "int8", 100) == DEFAULT_SETTINGS
+
+
+def test_a_head_dim_takes_its_own_tuned_entry_or_tiles_of_the_same_bytes():
+    """Settings measured at head_dim 128 apply at head_dim 64 with twice the keys per tile (the tile's bytes
+    and fixed cost stay those measured), unless the file holds head_dim 64's own measurements."""
+    from nanovllm.attention.triton_decode import DEFAULT_SETTINGS, MAX_BLOCK_N, pick_settings
+    few, many = {"block_n": 128, "num_warps": 4, "num_stages": 2}, {"block_n": 64, "num_warps": 2, "num_stages": 3}
+    table = {"settings": {"int8": few}, "many_programs": {"int8": [{"min_programs_per_sm": 6, **many}]}}
+    assert pick_settings(table, "int8", 1, 128) == few
+    assert pick_settings(table, "int8", 1, 64) == {**few, "block_n": 256}
+    assert pick_settings(table, "int8", 8, 64) == {**many, "block_n": 128}
+    assert pick_settings(table, "int8", 8, 256) == {**many, "block_n": 32}
+    assert pick_settings(table, "int8", 1, 32)["block_n"] == MAX_BLOCK_N
+    assert pick_settings({}, "auto", 1, 64) == {**DEFAULT_SETTINGS, "block_n": 128}
+    own = {"block_n": 64, "num_warps": 8, "num_stages": 4}
+    table["by_head_dim"] = {"64": {"settings": {"int8": own}}}
+    assert pick_settings(table, "int8", 8, 64) == own                 # measured: taken as it is, no tiers
+    assert pick_settings(table, "auto", 8, 64) == DEFAULT_SETTINGS      # its entry lacks auto: the defaults
+    assert pick_settings(table, "int8", 8, 128) == many
 
 
 def test_int8_dots_round_the_query_and_probabilities_as_the_reference_does():

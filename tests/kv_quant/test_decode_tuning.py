@@ -1,6 +1,6 @@
 """The decode tuner's choice of launch settings per launch size (benchmarks/bench_decode_steps.py), on
 made-up timings: what it writes into the tuned file that decode_attention reads."""
-from benchmarks.bench_decode_steps import choose_tiers, programs_per_sm, tuned_tiers
+from benchmarks.bench_decode_steps import choose_tiers, programs_per_sm, tuned_tiers, write_tuned
 from nanovllm.attention.triton_decode import pick_settings
 
 
@@ -32,3 +32,26 @@ def test_thresholds_admit_the_launch_they_were_measured_on():
                                                                                   "block_n": 64}]}}
     assert pick_settings(table, "int8", 128 * 8 / 132) == {"block_n": 64}
     assert pick_settings(table, "int8", 112 * 8 / 132) == {"block_n": 128}
+
+
+def test_tiers_of_another_head_dim_go_under_its_own_key(tmp_path, monkeypatch):
+    """A head_dim-64 sweep (--model Llama-3.2-1B) adds its entry beside the head_dim-128 settings, which stay."""
+    import json
+
+    from nanovllm.attention import triton_decode
+    monkeypatch.setattr(triton_decode, "TUNED_DIR", str(tmp_path))
+    triton_decode.tuned_table.cache_clear()
+    record = {"kv_cache_dtype": "int8", "tiers_replace_tuned": True, "tiers": [(0.0, "128/4/2"), (6.0, "64/2/3")]}
+    write_tuned([record], "cmd", "Some GPU")
+    triton_decode.tuned_table.cache_clear()
+    write_tuned([{**record, "tiers": [(0.0, "256/4/2")]}], "cmd", "Some GPU", head_dim=64)
+    with open(triton_decode.tuned_settings_path("Some GPU")) as f:
+        table = json.load(f)
+    triton_decode.tuned_table.cache_clear()
+    assert table["settings"]["int8"] == {"block_n": 128, "num_warps": 4, "num_stages": 2}
+    assert table["many_programs"]["int8"] == [{"min_programs_per_sm": 6.0, "block_n": 64, "num_warps": 2,
+                                               "num_stages": 3}]
+    assert table["by_head_dim"] == {"64": {"settings": {"int8": {"block_n": 256, "num_warps": 4, "num_stages": 2}},
+                                           "many_programs": {}}}
+    assert pick_settings(table, "int8", 8, 64) == {"block_n": 256, "num_warps": 4, "num_stages": 2}
+    assert pick_settings(table, "int8", 8, 128)["block_n"] == 64
