@@ -20,7 +20,9 @@ step, at least max(longest output, output tokens / max_num_seqs) steps) at the c
 both rates measured on this device after the run; floor = the larger of the two; `seconds_over_floor` is the
 ratio. Without a local checkpoint the shipped Qwen3-0.6B config runs with random weights
 (load_format="dummy"), and the output says so. `--profile` adds a profiled pass over 150 steps and reports
-the GPU's idle fraction between kernels. JSON per workload under results/bench/ (untracked) or --out.
+the GPU's idle fraction between kernels and the kernels that take most time, for the 150 steps and for
+their admission phase alone (the prefill and mixed steps while requests wait). JSON per workload under
+results/bench/ (untracked) or --out.
 """
 import argparse
 import math

@@ -21,8 +21,9 @@
 #   bash benchmarks/run_on_h200.sh awq-e2e   # AWQ vs bf16 end to end (both models), decode profile
 #   bash benchmarks/run_on_h200.sh regress   # regression_test.sh ($CASES, default all), bench_sharegpt.py
 #   bash benchmarks/run_on_h200.sh prefill   # prefill attention on the long/short workloads' steps, per launch setting
-#   bash benchmarks/run_on_h200.sh archs     # bench.py on dummy Llama-3.1-8B vs Qwen3-8B, Llama-3.2-1B int8 vs bf16
-#                                             (median of 3, ~4 min)
+#   bash benchmarks/run_on_h200.sh archs     # decode settings at head_dim 64 (-> attention/tuned/), then bench.py on
+#                                             dummy Llama-3.1-8B vs Qwen3-8B, Llama-3.2-1B int8 vs bf16 (median of 3,
+#                                             ~6 min)
 #   bash benchmarks/run_on_h200.sh moe       # dummy Qwen3-30B-A3B: batch-1 TPOT (bench_one.py) and bench.py
 #   bash benchmarks/run_on_h200.sh moe-kernels # fused MoE launch settings ($MOE_SETTINGS) and how many pairs skip
 #                                             the sort, timed in CUDA graphs; batch-1 decode profile
@@ -129,9 +130,16 @@ case "$mode" in
       --out "$OUT/prefill-attention.json" 2>&1 | grep -v '"gpu"' | cut -c1-200
     ;;
   archs)
+    # head_dim 64 (Llama-3.2-1B) gets its own decode launch settings first (-> attention/tuned/, by_head_dim)
+    timeout 200 python benchmarks/bench_decode_steps.py --model Llama-3.2-1B --kv-cache-dtype auto int8 \
+      --splits 1 2 8 --settings 64/2/3 128/2/3 128/4/2 256/4/2 256/8/2 256/4/3 --long 64x8192 \
+      --out "$OUT/decode-steps-head-dim-64.json" --write 2>&1 | grep -v '"step"' | cut -c1-400
+    cp nanovllm/attention/tuned/*.json "$OUT/"
+    pack
     for spec in "Qwen3-8B" "Llama-3.1-8B" "Llama-3.2-1B" "Llama-3.2-1B --kv-cache-dtype int8"; do
       name=$(echo "$spec" | tr ' ' '_' | tr -d '-')
-      timeout 150 python bench.py --model $spec --repeat 3 --out "$OUT/bench-$name.json" 2>&1 | tail -1 | cut -c1-300
+      timeout 150 python bench.py --model $spec --repeat 3 --profile --out "$OUT/bench-$name.json" 2>&1 | tail -1 \
+        | cut -c1-300
       pack
     done
     ;;

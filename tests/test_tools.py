@@ -116,3 +116,46 @@ def test_host_step_benchmark_runs_the_engine_without_a_gpu(tmp_path):
     result = json.loads(out_file.read_text())
     assert result["steps"]["mixed"] > 100 and result["steps"]["decode"] > 100
     assert result["host_ms_per_step"]["mixed"] > 0
+
+
+def test_step_profile_reports_the_admission_phase_apart(monkeypatch):
+    """bench.py --profile: the steps while requests wait (prefill and mixed) get their own kernel list and
+    idle fraction, and the overall figures add both phases' windows (a fake profiler: 1 ms of kernel per
+    step, 1 ms apart in admission, back to back after it)."""
+    import contextlib
+    import types
+
+    import torch
+
+    from nanovllm.tools import decode_profile
+
+    clock, recorded = {"t": 0.0}, {"events": []}
+
+    class FakeEngine:
+        def __init__(self):
+            self.scheduler = types.SimpleNamespace(waiting=[1, 2, 3], is_finished=lambda: False)
+
+        def step(self):
+            admitting = bool(self.scheduler.waiting)
+            if admitting:
+                self.scheduler.waiting.pop()
+            name = "prefill_kernel" if admitting else "decode_kernel"
+            start = clock["t"]
+            clock["t"] += 2000.0 if admitting else 1000.0
+            recorded["events"].append(types.SimpleNamespace(device_type=torch.autograd.DeviceType.CUDA, name=name,
+                                                  time_range=types.SimpleNamespace(start=start, end=start + 1000.0)))
+
+    @contextlib.contextmanager
+    def fake_profile(activities):
+        events = recorded["events"] = []        # each profile keeps its own events
+        yield types.SimpleNamespace(events=lambda: events)
+
+    monkeypatch.setattr(decode_profile, "profile", fake_profile)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    result = decode_profile.profile_steps(FakeEngine(), steps=10)
+    assert result["steps"] == 10
+    assert result["admission"]["steps"] == 3
+    assert result["admission"]["top_kernels_ms_per_step"] == {"prefill_kernel": 1.0}
+    assert result["admission"]["idle_fraction"] == round(1 - 3000 / 5000, 4)   # 3 kernels over a 5 ms window
+    assert result["top_kernels_ms_per_step"] == {"decode_kernel": 0.7, "prefill_kernel": 0.3}
+    assert result["idle_fraction"] == round(1 - 10000 / (5000 + 7000), 4)

@@ -28,12 +28,13 @@ def busy_intervals(prof) -> list[tuple[float, float]]:
     return sorted(spans)
 
 
-def top_kernels(prof, steps: int, n: int = 12) -> dict[str, float]:
-    """Device milliseconds per step of the n most expensive kernels."""
+def top_kernels(profs, steps: int, n: int = 12) -> dict[str, float]:
+    """Device milliseconds per step of the n most expensive kernels of one profile or several."""
     totals: dict[str, float] = {}
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            totals[e.name[:80]] = totals.get(e.name[:80], 0.0) + (e.time_range.end - e.time_range.start)
+    for prof in profs if isinstance(profs, list) else [profs]:
+        for e in prof.events():
+            if e.device_type == torch.autograd.DeviceType.CUDA:
+                totals[e.name[:80]] = totals.get(e.name[:80], 0.0) + (e.time_range.end - e.time_range.start)
     ranked = sorted(totals.items(), key=lambda kv: -kv[1])[:n]
     return {name: round(us / 1e3 / steps, 4) for name, us in ranked}
 
@@ -52,22 +53,38 @@ def union_length(spans: list[tuple[float, float]]) -> float:
 
 def profile_steps(llm, steps: int) -> dict:
     """Profile the engine's next `steps` steps (requests already added): the GPU's idle fraction between
-    the first and last kernel, the time per step, and the kernels that take most of it."""
+    the first and last kernel, the time per step, and the kernels that take most of it; and the same for
+    the admission phase alone ("admission": the steps while requests wait, i.e. the prefill and mixed
+    steps, whose kernels the decode steps' would otherwise hide). The phases are profiled one after the
+    other, so the overall figures add the two windows, not the moment between them."""
     torch.cuda.synchronize()
-    done = 0
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        start = time.perf_counter()
-        while not llm.scheduler.is_finished() and done < steps:
-            llm.step()
-            done += 1
-        torch.cuda.synchronize()
-        wall = time.perf_counter() - start
-    spans = busy_intervals(prof)
-    window = spans[-1][1] - spans[0][0]
-    busy = union_length(spans)
-    return {"steps": done, "wall_ms_per_step": round(1e3 * wall / done, 3),
-            "gpu_busy_ms_per_step": round(busy / 1e3 / done, 3), "idle_fraction": round(1 - busy / window, 4),
-            "top_kernels_ms_per_step": top_kernels(prof, done, 8)}
+    phases, done = [], 0
+    for name, more in (("admission", lambda: bool(llm.scheduler.waiting)), ("rest", lambda: True)):
+        n = 0
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            start = time.perf_counter()
+            while not llm.scheduler.is_finished() and done < steps and more():
+                llm.step()
+                n += 1
+                done += 1
+            torch.cuda.synchronize()
+            wall = time.perf_counter() - start
+        if n:
+            spans = busy_intervals(prof)
+            phases.append((name, prof, n, wall, spans[-1][1] - spans[0][0], union_length(spans)))
+
+    def summary(parts) -> dict:
+        n, wall = sum(p[2] for p in parts), sum(p[3] for p in parts)
+        window, busy = sum(p[4] for p in parts), sum(p[5] for p in parts)
+        return {"steps": n, "wall_ms_per_step": round(1e3 * wall / n, 3),
+                "gpu_busy_ms_per_step": round(busy / 1e3 / n, 3), "idle_fraction": round(1 - busy / window, 4),
+                "top_kernels_ms_per_step": top_kernels([p[1] for p in parts], n, 8)}
+
+    result = summary(phases)
+    admission = [p for p in phases if p[0] == "admission"]
+    if admission:
+        result["admission"] = summary(admission)
+    return result
 
 
 def requests(args) -> list[tuple[list[int], int]]:
