@@ -23,7 +23,8 @@ from nanovllm.utils.results import save_record  # noqa: E402
 
 
 def parse_setting(text: str) -> tuple[dict[str, tuple[int, ...]] | None, int]:
-    """'default', or any of 'gate_up=BN/BK/warps/stages', 'down=BN/BK/warps/stages', 'per_pair=MAX_PAIRS'
+    """'default', or any of 'gate_up=BN/BK/warps/stages', 'down=BN/BK/warps/stages' (decode: the down GEMM
+    and the sum apart), 'down_sum=BN/BK/warps/stages' (decode: both in one launch), 'per_pair=MAX_PAIRS'
     joined by commas -> (launch settings or None for the library's, the most pairs that skip the sort)."""
     if text == "default":
         return None, PER_PAIR_MAX_PAIRS

@@ -144,8 +144,10 @@ case "$mode" in
     done
     ;;
   moe-kernels)   # fused MoE launch settings at Qwen3-30B-A3B's sizes ($MOE_SETTINGS), batch-1 decode profile
+    # decode (1-2 tokens): down_sum=... fuses the down GEMM and the top_k sum, down=... runs them apart
     timeout 200 python benchmarks/bench_moe.py --tokens 1 2 4 8 64 256 --settings default per_pair=32 per_pair=64 \
-      ${MOE_SETTINGS:-gate_up=16/64/4/3,down=32/64/4/3 \
+      ${MOE_SETTINGS:-down=64/64/4/3 down_sum=8/256/4/3 down_sum=16/128/4/4 down_sum=32/256/4/3 \
+      down_sum=16/256/8/3 down_sum=16/256/2/4 gate_up=16/64/4/3,down=32/64/4/3 \
       gate_up=32/128/4/3,down=64/128/4/3 gate_up=32/128/4/4,down=64/128/4/4 gate_up=64/128/4/3,down=64/128/4/3 \
       gate_up=32/256/4/3,down=64/256/4/2 gate_up=16/128/2/4,down=32/128/2/4 gate_up=32/64/2/5,down=64/64/2/5 \
       gate_up=64/64/4/4,down=128/64/4/4 gate_up=16/256/4/3,down=32/256/4/3} \

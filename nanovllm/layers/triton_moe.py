@@ -20,6 +20,10 @@ Decode steps (at most PER_PAIR_MAX_PAIRS pairs, e.g. two tokens of Qwen3-30B-A3B
 block b holds pair b alone and block_experts is topk_ids itself, so step 1 costs no launch. Sorting took
 about 25 small launches per layer, which at batch 1 cost more than reading the experts' weights; a pair
 whose expert another pair also picked reads that expert again (rare among 128 experts at 16 pairs).
+Steps 3 and 4 are then one launch too (`_down_sum_kernel`): a program per (token, BLOCK_N columns of
+hidden) walks the token's top_k experts in turn, a row-times-matrix product each (one row needs no tensor
+core), and adds their weighted results in float32, rounded as steps 3 and 4 round them. At batch 1 the
+sum was a launch of its own per layer, ~5 us against the down GEMM's ~12 us (H100 profile).
 """
 import functools
 
@@ -149,6 +153,34 @@ def _down_kernel(h_ptr, w_ptr, y_ptr, weights_ptr, sorted_ptr, experts_ptr, num_
     tl.store(y_ptr + row[:, None] * N + cols[None, :], y.to(dtype), mask=valid[:, None] & col_ok[None, :])
 
 
+@triton.jit
+def _down_sum_kernel(h_ptr, w_ptr, out_ptr, weights_ptr, ids_ptr, K, N, stride_we, stride_wn,
+                     TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_TILES: tl.constexpr):
+    """out[token, cols] = sum over the token's slots of weight * (h[pair] @ w2[expert, cols]^T), each slot's
+    product and weighted value rounded to the output dtype as _down_kernel rounds them, summed in float32."""
+    token, pid_n = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    dtype = out_ptr.dtype.element_ty
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)      # the current slot's product
+    total = tl.zeros((BLOCK_N,), dtype=tl.float32)    # the weighted slots so far
+    for i in range(TOP_K * K_TILES):                  # one flat loop: loads stay in flight across slots
+        slot = i // K_TILES
+        pair = token * TOP_K + slot
+        ks = (i % K_TILES) * BLOCK_K + tl.arange(0, BLOCK_K)
+        k_ok = ks < K
+        expert = tl.load(ids_ptr + pair).to(tl.int64)
+        h = tl.load(h_ptr + pair * K + ks, mask=k_ok, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + expert * stride_we + cols[:, None] * stride_wn + ks[None, :],
+                    mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+        acc += tl.sum(w.to(tl.float32) * h[None, :], axis=1)
+        if i % K_TILES == K_TILES - 1:                # the slot's last tile: weigh it, start the next
+            weight = tl.load(weights_ptr + pair).to(dtype).to(tl.float32)
+            total += (acc.to(dtype).to(tl.float32) * weight).to(dtype).to(tl.float32)
+            acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    tl.store(out_ptr + token * N + cols, total.to(dtype), mask=col_ok)
+
+
 @functools.cache
 def one_pair_per_block(num_pairs: int, block_m: int, device: torch.device) -> torch.Tensor:
     """moe_align's sorted ids when block b holds pair b alone: [num_pairs * block_m] int32 (made once per
@@ -166,23 +198,34 @@ def _block_m(num_pairs: int, num_experts: int) -> int:
 
 def launch_settings(block_m: int, per_pair: bool = False) -> dict[str, tuple[int, int, int, int]]:
     """(BLOCK_N, BLOCK_K, num_warps, num_stages) of each GEMM. A per-pair decode (a block per pair, one
-    row each) takes narrower gate_up column tiles, which give the GPU more programs; sorted blocks of 16
-    rows take 64 x 128 tiles (at 64 tokens of Qwen3-30B-A3B's sizes on the H100, 539 us against 781 us
-    for the narrower tiles; benchmark_results/moe/moe-kernels-h100.json). benchmarks/bench_moe.py measures
-    others."""
+    row each) takes narrower gate_up column tiles, which give the GPU more programs, and down with the sum
+    in one launch ("down_sum"; settings with "down" instead run the down GEMM and the sum apart); sorted
+    blocks of 16 rows take 64 x 128 tiles (at 64 tokens of Qwen3-30B-A3B's sizes on the H100, 539 us
+    against 781 us for the narrower tiles; benchmark_results/moe/moe-kernels-h100.json).
+    benchmarks/bench_moe.py measures others."""
     if per_pair:
-        return {"gate_up": (32, 64, 4, 3), "down": (64, 64, 4, 3)}
+        return {"gate_up": (32, 64, 4, 3), "down_sum": (16, 256, 4, 3)}
     if block_m == 16:
         return {"gate_up": (64, 128, 4, 3), "down": (64, 128, 4, 3)}
     return {"gate_up": (64, 64, 4, 3), "down": (64, 64, 4, 3)}
+
+
+def _with_defaults(settings: dict | None, block_m: int, per_pair: bool) -> dict:
+    """launch_settings, overridden by the given ones; given "down" settings run down and the sum apart."""
+    chosen = launch_settings(block_m, per_pair)
+    if settings:
+        if "down" in settings:
+            chosen.pop("down_sum", None)
+        chosen.update(settings)
+    return chosen
 
 
 def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
               topk_ids: torch.Tensor, settings: dict[str, tuple[int, int, int, int]] | None = None,
               per_pair_max: int = PER_PAIR_MAX_PAIRS) -> torch.Tensor:
     """x [num_tokens, hidden], w13 [experts, 2 * inter, hidden], w2 [experts, hidden, inter] -> [num_tokens,
-    hidden]: what fused_moe_ref computes. `settings` overrides launch_settings and `per_pair_max` the most
-    pairs that skip the sort (benchmarks)."""
+    hidden]: what fused_moe_ref computes. `settings` overrides some of launch_settings (benchmarks; "down"
+    runs the down GEMM and the sum apart) and `per_pair_max` the most pairs that skip the sort."""
     num_tokens, hidden = x.shape
     num_experts, inter = w2.shape[0], w2.shape[2]
     top_k = topk_ids.shape[1]
@@ -195,17 +238,26 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
         block_m = _block_m(pairs, num_experts)
         sorted_ids, block_experts = moe_align(topk_ids, num_experts, block_m)
     x, w13, w2 = x.contiguous(), w13.contiguous(), w2.contiguous()
-    settings = settings or launch_settings(block_m, per_pair)
+    settings = _with_defaults(settings, block_m, per_pair)
     h = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
     block_n, block_k, warps, stages = settings["gate_up"]
     grid = (len(block_experts), triton.cdiv(inter, block_n))
     _gate_up_kernel[grid](x, w13, h, sorted_ids, block_experts, pairs, hidden, inter, x.stride(0), w13.stride(0),
                           w13.stride(1), TOP_K=top_k, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
                           DOT_PRECISION=dot_precision(x.dtype), num_warps=warps, num_stages=stages)
+    weights = topk_weights.flatten().float().contiguous()
+    if per_pair and "down_sum" in settings:         # down and the sum over top_k in one launch
+        block_n, block_k, warps, stages = settings["down_sum"]
+        out = torch.empty(num_tokens, hidden, dtype=x.dtype, device=x.device)
+        _down_sum_kernel[(num_tokens, triton.cdiv(hidden, block_n))](
+            h, w2, out, weights, block_experts, inter, hidden, w2.stride(0), w2.stride(1), TOP_K=top_k,
+            BLOCK_N=block_n, BLOCK_K=block_k, K_TILES=triton.cdiv(inter, block_k), num_warps=warps,
+            num_stages=stages)
+        return out
     block_n, block_k, warps, stages = settings["down"]
     y = torch.empty(pairs, hidden, dtype=x.dtype, device=x.device)
     grid = (len(block_experts), triton.cdiv(hidden, block_n))
-    _down_kernel[grid](h, w2, y, topk_weights.flatten().float().contiguous(), sorted_ids, block_experts, pairs, inter,
+    _down_kernel[grid](h, w2, y, weights, sorted_ids, block_experts, pairs, inter,
                        hidden, w2.stride(0), w2.stride(1), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
                        DOT_PRECISION=dot_precision(x.dtype), num_warps=warps, num_stages=stages)
     return y.view(num_tokens, top_k, hidden).sum(dim=1)     # accumulated in float32, rounded once

@@ -93,3 +93,22 @@ def test_route_names_a_valid_expert_for_nan_logits():
     logits[1] = torch.arange(8.0)
     _, ids = route(logits, 2, True)
     assert ids.min() >= 0 and ids.max() < 8 and ids[1].tolist() == [7, 6]
+
+
+@pytest.mark.parametrize("down_sum", [(16, 16, 4, 3), (32, 64, 2, 2), (16, 256, 4, 3)])
+def test_down_and_the_sum_in_one_launch_equal_them_apart(down_sum):
+    """Decode's fused down GEMM + top_k sum (several K tiles per expert, a partial last column tile) gives
+    the rows of the down GEMM and the sum run apart, and the reference's."""
+    torch.manual_seed(7)
+    num_tokens, num_experts, top_k, hidden, inter = (2, 128, 8, 2048, 768) if CUDA else (2, 8, 3, 40, 48)
+    dtype = DTYPES[0]
+    x = torch.randn(num_tokens, hidden, device=DEVICE).to(dtype)
+    w13 = (torch.randn(num_experts, 2 * inter, hidden, device=DEVICE) / hidden ** 0.5).to(dtype)
+    w2 = (torch.randn(num_experts, hidden, inter, device=DEVICE) / inter ** 0.5).to(dtype)
+    weights, ids = select_experts(torch.randn(num_tokens, num_experts, device=DEVICE), top_k, True)
+    gate_up = (32, 64, 4, 3)
+    fused = fused_moe(x, w13, w2, weights, ids, {"gate_up": gate_up, "down_sum": down_sum})
+    apart = fused_moe(x, w13, w2, weights, ids, {"gate_up": gate_up, "down": (64, 64, 4, 3)})
+    torch.testing.assert_close(fused, apart, **TOL[dtype])
+    want = fused_moe_ref(x.float(), w13.float(), w2.float(), weights, ids).to(dtype)
+    torch.testing.assert_close(fused, want, **TOL[dtype])
