@@ -24,7 +24,7 @@ CASCADE_CONTEXTS = [40, 33, 70, 35] * 9 + [49] if not CUDA else [4000 + 7 * i fo
 
 
 @pytest.mark.parametrize("heads", GQA)
-@pytest.mark.parametrize("num_splits", [1, 4])
+@pytest.mark.parametrize("num_splits", [1, 4 if CUDA else 2])     # the interpreter takes ~2 s per split here
 @pytest.mark.parametrize("shared_blocks", [0, 2])
 @pytest.mark.parametrize("kv_cache_dtype", KV_DTYPES)
 def test_cascade_decode_matches_reference(heads, num_splits, shared_blocks, kv_cache_dtype):
