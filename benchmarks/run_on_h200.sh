@@ -27,6 +27,8 @@
 #   bash benchmarks/run_on_h200.sh moe       # dummy Qwen3-30B-A3B: batch-1 TPOT (bench_one.py) and bench.py
 #   bash benchmarks/run_on_h200.sh moe-kernels # fused MoE launch settings ($MOE_SETTINGS) and how many pairs skip
 #                                             the sort, timed in CUDA graphs; batch-1 decode profile
+#   bash benchmarks/run_on_h200.sh overlap   # long/long int8/short with a mixed step's decode launch on a second
+#                                             stream (NANOVLLM_OVERLAP_DECODE=1) and without (~6 min)
 #   bash benchmarks/run_on_h200.sh runbatch  # run_batch's loop against LLM.generate on the short workload
 #   bash benchmarks/run_on_h200.sh interrupt # Ctrl-C 3 s into a long generate returns promptly, the engine answers as before
 #   bash benchmarks/run_on_h200.sh codemodel # train the ~76M code model on the stdlib (4 min), then n-gram speculation
@@ -143,6 +145,16 @@ case "$mode" in
       pack
     done
     ;;
+  overlap)   # a mixed step's decode launch on a second stream (NANOVLLM_OVERLAP_DECODE) against one stream
+    for spec in "long" "long --kv-cache-dtype int8" "short"; do
+      for overlap in 0 1; do
+        name=$(echo "$spec" | tr ' ' '_' | tr -d '-')-overlap$overlap
+        NANOVLLM_OVERLAP_DECODE=$overlap timeout 200 python bench.py --workload $spec --repeat 3 --profile \
+          --out "$OUT/bench-$name.json" 2>&1 | tail -1 | cut -c1-300
+        pack
+      done
+    done
+    ;;
   moe-kernels)   # fused MoE launch settings at Qwen3-30B-A3B's sizes ($MOE_SETTINGS), batch-1 decode profile
     # decode (1-2 tokens): down_sum=... fuses the down GEMM and the top_k sum, down=... runs them apart
     timeout 200 python benchmarks/bench_moe.py --tokens 1 2 4 8 64 256 --settings default per_pair=32 per_pair=64 \
@@ -177,7 +189,7 @@ case "$mode" in
       | grep -v INFO | cut -c1-300
     ;;
   *) echo "usage: $0 MODE... (checks kernels quick tune attention store bench workloads profile awq awq-sweep awq-e2e"\
-       "regress prefill archs moe runbatch interrupt codemodel)"; exit 2 ;;
+       "regress prefill archs overlap moe runbatch interrupt codemodel)"; exit 2 ;;
 esac
 pack
 done
