@@ -137,6 +137,11 @@ case "$mode" in
       --splits 1 2 8 --settings 64/2/3 128/2/3 128/4/2 256/4/2 256/8/2 256/4/3 --long 64x8192 \
       --out "$OUT/decode-steps-head-dim-64.json" --write 2>&1 | grep -v '"step"' | cut -c1-400
     cp nanovllm/attention/tuned/*.json "$OUT/"
+    # and the prefill kernel's tiles at head_dim 64 (prefill_settings: 64 keys; a quantized cache takes 128 only
+    # at head_dim 128, as measured there)
+    timeout 60 python benchmarks/bench_prefill_attention.py --model Llama-3.2-1B --kv-cache-dtype auto int8 \
+      --steps "12k+4.4k fresh" "64 x 250" --settings default 64/128/4/2 64/128/4/3 \
+      --out "$OUT/prefill-attention-head-dim-64.json" 2>&1 | cut -c1-200
     pack
     for spec in "Qwen3-8B" "Llama-3.1-8B" "Llama-3.2-1B" "Llama-3.2-1B --kv-cache-dtype int8"; do
       name=$(echo "$spec" | tr ' ' '_' | tr -d '-')
@@ -146,6 +151,9 @@ case "$mode" in
     done
     ;;
   overlap)   # a mixed step's decode launch on a second stream (NANOVLLM_OVERLAP_DECODE) against one stream
+    timeout 60 python benchmarks/bench_prefill_attention.py --kv-cache-dtype auto int8 \
+      --steps "32 decodes x 12k + 16k chunk" --out "$OUT/prefill-attention-overlap.json" 2>&1 | cut -c1-200
+    pack
     for spec in "long" "long --kv-cache-dtype int8" "short"; do
       for overlap in 0 1; do
         name=$(echo "$spec" | tr ' ' '_' | tr -d '-')-overlap$overlap
