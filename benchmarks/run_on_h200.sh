@@ -24,7 +24,7 @@
 #   bash benchmarks/run_on_h200.sh archs     # decode settings at head_dim 64 (-> attention/tuned/), then bench.py on
 #                                             dummy Llama-3.1-8B vs Qwen3-8B, Llama-3.2-1B int8 vs bf16 (median of 3,
 #                                             ~6 min)
-#   bash benchmarks/run_on_h200.sh moe       # dummy Qwen3-30B-A3B: batch-1 TPOT (bench_one.py) and bench.py
+#   bash benchmarks/run_on_h200.sh moe       # dummy Qwen3-30B-A3B: batch-1 TPOT (bench_one.py), bench.py beside Qwen3-8B
 #   bash benchmarks/run_on_h200.sh moe-kernels # fused MoE launch settings ($MOE_SETTINGS) and how many pairs skip
 #                                             the sort, timed in CUDA graphs; batch-1 decode profile
 #   bash benchmarks/run_on_h200.sh overlap   # long/long int8/short with a mixed step's decode launch on a second
@@ -181,6 +181,9 @@ case "$mode" in
       --out "$OUT/tpot-qwen3-30b-a3b.json" 2>&1 | tail -1
     pack
     timeout 250 python bench.py --model Qwen3-30B-A3B --out "$OUT/bench-qwen3-30b-a3b.json" 2>&1 | tail -1 | cut -c1-300
+    pack
+    # issue 40 compares it with dummy Qwen3-8B measured in the same call
+    timeout 130 python bench.py --model Qwen3-8B --out "$OUT/bench-qwen3-8b.json" 2>&1 | tail -1 | cut -c1-300
     ;;
   runbatch)
     timeout 200 python benchmarks/bench_run_batch.py --out "$OUT/run-batch-short.json" 2>&1 | tail -1
