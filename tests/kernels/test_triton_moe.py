@@ -21,6 +21,15 @@ SHAPES = ([(1, 128, 8, 2048, 768), (2, 128, 8, 2048, 768), (7, 128, 8, 2048, 768
           else [(1, 4, 2, 64, 32), (5, 8, 2, 64, 48), (40, 4, 3, 32, 80)])
 
 
+def moe_case(num_tokens, num_experts, top_k, hidden, inter, dtype):
+    """(x, w13, w2, router weights, expert ids) of one layer, random, at unit-scale outputs."""
+    x = torch.randn(num_tokens, hidden, device=DEVICE).to(dtype)
+    w13 = (torch.randn(num_experts, 2 * inter, hidden, device=DEVICE) / hidden ** 0.5).to(dtype)
+    w2 = (torch.randn(num_experts, hidden, inter, device=DEVICE) / inter ** 0.5).to(dtype)
+    weights, ids = select_experts(torch.randn(num_tokens, num_experts, device=DEVICE), top_k, True)
+    return x, w13, w2, weights, ids
+
+
 @pytest.mark.parametrize("num_tokens, num_experts, top_k", [(1, 4, 2), (9, 8, 3), (50, 6, 2), (3, 64, 8)])
 @pytest.mark.parametrize("block_m", [16, 64])
 def test_moe_align_puts_each_pair_once_in_its_experts_block(num_tokens, num_experts, top_k, block_m):
@@ -45,10 +54,7 @@ def test_moe_align_puts_each_pair_once_in_its_experts_block(num_tokens, num_expe
 @pytest.mark.parametrize("num_tokens, num_experts, top_k, hidden, inter", SHAPES)
 def test_fused_moe_matches_reference(dtype, num_tokens, num_experts, top_k, hidden, inter):
     torch.manual_seed(num_tokens + hidden)
-    x = torch.randn(num_tokens, hidden, device=DEVICE).to(dtype)
-    w13 = (torch.randn(num_experts, 2 * inter, hidden, device=DEVICE) / hidden ** 0.5).to(dtype)
-    w2 = (torch.randn(num_experts, hidden, inter, device=DEVICE) / inter ** 0.5).to(dtype)
-    weights, ids = select_experts(torch.randn(num_tokens, num_experts, device=DEVICE), top_k, True)
+    x, w13, w2, weights, ids = moe_case(num_tokens, num_experts, top_k, hidden, inter, dtype)
     got = fused_moe(x, w13, w2, weights, ids)
     want = fused_moe_ref(x.float(), w13.float(), w2.float(), weights, ids).to(dtype)
     torch.testing.assert_close(got, want, **TOL[dtype])
@@ -62,10 +68,7 @@ def test_per_pair_and_sorted_paths_give_the_same_rows(monkeypatch):
     torch.manual_seed(4)
     num_tokens, num_experts, top_k, hidden, inter = (9, 128, 8, 2048, 768) if CUDA else (9, 8, 3, 64, 48)
     dtype = DTYPES[0]
-    x = torch.randn(num_tokens, hidden, device=DEVICE).to(dtype)
-    w13 = (torch.randn(num_experts, 2 * inter, hidden, device=DEVICE) / hidden ** 0.5).to(dtype)
-    w2 = (torch.randn(num_experts, hidden, inter, device=DEVICE) / inter ** 0.5).to(dtype)
-    weights, ids = select_experts(torch.randn(num_tokens, num_experts, device=DEVICE), top_k, True)
+    x, w13, w2, weights, ids = moe_case(num_tokens, num_experts, top_k, hidden, inter, dtype)
     sorted_rows = fused_moe(x, w13, w2, weights, ids, per_pair_max=0)
     per_pair = fused_moe(x, w13, w2, weights, ids, per_pair_max=num_tokens * top_k)
     assert len(sorts) == 1                                  # only the first call sorted
@@ -102,10 +105,7 @@ def test_down_and_the_sum_in_one_launch_equal_them_apart(down_sum):
     torch.manual_seed(7)
     num_tokens, num_experts, top_k, hidden, inter = (2, 128, 8, 2048, 768) if CUDA else (2, 8, 3, 40, 48)
     dtype = DTYPES[0]
-    x = torch.randn(num_tokens, hidden, device=DEVICE).to(dtype)
-    w13 = (torch.randn(num_experts, 2 * inter, hidden, device=DEVICE) / hidden ** 0.5).to(dtype)
-    w2 = (torch.randn(num_experts, hidden, inter, device=DEVICE) / inter ** 0.5).to(dtype)
-    weights, ids = select_experts(torch.randn(num_tokens, num_experts, device=DEVICE), top_k, True)
+    x, w13, w2, weights, ids = moe_case(num_tokens, num_experts, top_k, hidden, inter, dtype)
     gate_up = (32, 64, 4, 3)
     fused = fused_moe(x, w13, w2, weights, ids, {"gate_up": gate_up, "down_sum": down_sum})
     apart = fused_moe(x, w13, w2, weights, ids, {"gate_up": gate_up, "down": (64, 64, 4, 3)})
