@@ -73,6 +73,11 @@ def test_kernels_compile_for_hopper_at_real_head_dims(launches, tmp_path):
         decode_attention(q, cache, meta.block_tables, meta.context_lens, 0.1, 2)                   # splits
         q, cache, meta = make_case([5, 3], [9, 20], 4, 2, 128, block_size, torch.bfloat16, "cpu", kv_cache_dtype=kv)
         prefill_attention(q, cache, meta.block_tables, meta.context_lens, meta.cu_seqlens_q, meta.max_seqlen_q, 0.1)
+        # head_dim 64 (Llama-3.2-1B) takes tiles of up to 256 keys (triton_decode.pick_settings)
+        q, cache, meta = make_case([1] * 4, contexts, 4, 2, 64, 256, torch.bfloat16, "cpu", kv_cache_dtype=kv)
+        for block_n, warps, stages in ((256, 4, 2), (128, 2, 2)):
+            decode_attention(q, cache, meta.block_tables, meta.context_lens, 0.1, 1,
+                             {"block_n": block_n, "num_warps": warps, "num_stages": stages})
     for head_dim, weights in ((128, True), (128, False), (64, False)):     # Qwen3; Llama/Qwen2/Mistral; Llama-3.2-1B
         q, k = torch.randn(3, 8, head_dim, dtype=torch.bfloat16), torch.randn(3, 2, head_dim, dtype=torch.bfloat16)
         weight = (torch.ones(head_dim, dtype=torch.bfloat16),) * 2 if weights else (None, None)
