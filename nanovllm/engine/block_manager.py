@@ -114,15 +114,13 @@ class BlockManager:
         seq.num_computed_tokens = 0
         self.num_hashed_blocks.pop(seq.seq_id, None)
 
-    def _blocks_short(self, seq: Sequence) -> int:
-        """Blocks seq needs beyond its table for all its tokens (0 in all but one step of block_size)."""
-        short = -(-len(seq.token_ids) // self.block_size) - len(seq.block_table)
-        return short if short > 0 else 0
-
     def try_append(self, seq: Sequence) -> bool:
         """Make room for the K/V of the tokens up to position len(seq) - 1 (the last one, or drafts too);
-        False, with nothing taken, when the pool has too few free blocks."""
-        short = self._blocks_short(seq)
+        False, with nothing taken, when the pool has too few free blocks. Short of blocks in one step of
+        block_size (or when drafts cross a block end)."""
+        short = -(-len(seq.token_ids) // self.block_size) - len(seq.block_table)
+        if short <= 0:
+            return True
         if short > len(self.free_block_ids):
             return False
         for _ in range(short):

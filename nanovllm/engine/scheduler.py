@@ -175,7 +175,7 @@ class Scheduler:
     def postprocess(self, batch: ScheduledBatch, token_ids: list[int | list[int] | None]) -> list[Sequence]:
         """Advance counters, register full blocks, append sampled tokens; returns the sequences that
         received a token (token_ids[i] is None for a prefill chunk that does not reach the end)."""
-        sampled = []
+        sampled, block_size = [], self.block_manager.block_size
         for seq, num_new, token_id in zip(batch.seqs, batch.num_new_tokens, token_ids):
             num_drafts = len(seq.drop_drafts()) if seq.num_drafts else 0
             if seq.is_finished:
@@ -187,7 +187,8 @@ class Scheduler:
             if not num_drafts:        # the common case: one new token
                 seq.num_computed_tokens += num_new
                 seq.token_ids.append(token_id)
-                self.block_manager.commit(seq)
+                if num_new > 1 or seq.num_computed_tokens % block_size == 0:   # a decode fills a block
+                    self.block_manager.commit(seq)                              # every block_size steps
                 sampled.append(seq)
                 continue
             # a row with drafts gets a list: the drafts the model accepted, then its own next token; the
