@@ -131,6 +131,8 @@ class Scheduler:
                 scheduled.append(seq)
                 budget -= 1 + seq.num_drafts
         self.running.extendleft(reversed(scheduled + skipped))
+        if not speculate:
+            return scheduled, []
         return [s for s in scheduled if not s.num_drafts], [s for s in scheduled if s.num_drafts]
 
     def _add_drafts(self, seq: Sequence, budget: int) -> None:
