@@ -8,7 +8,9 @@ takes to run step N. This runs the engine's own host code for a whole workload: 
 Scheduler and BlockManager, and the CUDA graph classes' input staging (cuda_graph.DecodeGraphs and
 MixedGraphs, their buffers on the CPU and nothing captured or replayed); sampling returns random ids. The
 time per step kind, and with --profile the functions that take it, say where the host spends a step, to
-set against the GPU's time per step (bench.py --profile). Writes results/host/host-<workload>.json.
+set against the GPU's time per step (bench.py --profile). A step over the mixed graphs' token limit is
+launched like the engine launches it, its inputs built by ModelRunner.prepare (the model not run).
+Writes results/host/host-<workload>.json.
 """
 import argparse
 import cProfile
@@ -27,7 +29,8 @@ from nanovllm.attention.torch_ref import TorchBackend
 from nanovllm.config import Config
 from nanovllm.configs import shipped_config_dir
 from nanovllm.engine.llm_engine import LLMEngine
-from nanovllm.engine.logprobs import StepLogprobs, sampled_logprobs
+from nanovllm.engine.logprobs import sampled_logprobs
+from nanovllm.engine.model_runner import ModelRunner
 from nanovllm.engine.pending import PendingStep
 from nanovllm.engine.sampling_inputs import SamplingInputs
 from nanovllm.engine.scheduler import Scheduler
@@ -69,7 +72,8 @@ def _capture_nothing(self):
 
 
 class HostOnlyRunner:
-    """The model runner's host side: graph input staging and sampling settings; random sampled ids."""
+    """The model runner's host side: graph input staging, an eager step's inputs (ModelRunner.prepare) and
+    sampling settings; random sampled ids."""
 
     def __init__(self, config: Config):
         backend = TorchBackend()
@@ -77,12 +81,21 @@ class HostOnlyRunner:
         self.decode = cuda_graph.DecodeGraphs(None, backend, config, 8, 8)
         self.mixed = cuda_graph.MixedGraphs(None, backend, config, 8, 8)
         self.sampling_inputs = SamplingInputs(config.max_num_seqs, torch.device("cpu"), 1000)
+        # what ModelRunner.prepare reads of its runner
+        self.config, self.backend, self.block_size = config, backend, config.kvcache_block_size
+        self.device = torch.device("cpu")
+        self.attention_layers = [types.SimpleNamespace(num_kv_heads=8)]
 
     def can_launch_async(self, batch) -> bool:
-        return batch.num_tokens <= self.mixed.max_tokens
+        return True     # as the engine with CUDA graphs, without logits processors, drafts or prompt logprobs
+
+    _to_device = ModelRunner._to_device
+    prepare = ModelRunner.prepare
 
     def launch(self, batch, prev) -> PendingStep:
-        if batch.is_prefill:
+        if not self.mixed.can_run(batch) and batch.is_prefill:
+            self.prepare(batch, prev)        # an eager step
+        elif batch.is_prefill:
             self.mixed.run(batch, prev)
         else:
             self.decode.run(batch.seqs, prev)
@@ -91,11 +104,6 @@ class HostOnlyRunner:
         token_ids = torch.randint(0, 1000, (len(seqs),))
         sampled_logprobs(None, token_ids, batch.seqs, batch.sample_rows)
         return PendingStep(batch, token_ids, {seq.seq_id: i for i, seq in enumerate(seqs)}, token_ids, _Done())
-
-    def run(self, batch):
-        """An eager step (over the mixed graphs' token limit): the runner's prepare() is not timed here."""
-        sampled = set(batch.sample_rows)
-        return [random.randrange(1000) if i in sampled else None for i in range(len(batch.seqs))], StepLogprobs()
 
     def shutdown(self):
         pass
