@@ -28,10 +28,10 @@ def busy_intervals(prof) -> list[tuple[float, float]]:
     return sorted(spans)
 
 
-def top_kernels(profs, steps: int, n: int = 12) -> dict[str, float]:
-    """Device milliseconds per step of the n most expensive kernels of one profile or several."""
+def top_kernels(profs: list, steps: int, n: int = 12) -> dict[str, float]:
+    """Device milliseconds per step of the n most expensive kernels over these profiles."""
     totals: dict[str, float] = {}
-    for prof in profs if isinstance(profs, list) else [profs]:
+    for prof in profs:
         for e in prof.events():
             if e.device_type == torch.autograd.DeviceType.CUDA:
                 totals[e.name[:80]] = totals.get(e.name[:80], 0.0) + (e.time_range.end - e.time_range.start)
@@ -142,7 +142,7 @@ def main():
               "enforce_eager": args.enforce_eager, "kv_cache_dtype": args.kv_cache_dtype,
               "gpu": torch.cuda.get_device_name(),
               "model": os.path.basename(args.model.rstrip("/")), "awq": args.awq,
-              "top_kernels_ms_per_step": top_kernels(prof, args.steps, args.top),
+              "top_kernels_ms_per_step": top_kernels([prof], args.steps, args.top),
               "command": "python " + " ".join(sys.argv),
               "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     if args.out:
