@@ -142,6 +142,8 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, ou
         if ORDERED:
             seq = tl.load(order_ptr + seq)
         context_len = tl.load(context_lens_ptr + seq)
+        if context_len == 0:   # not a decode row (a mixed graph's prefill row, padding): its output is left alone
+            return
         first = 0
         if CASCADE:   # second level: a sharer's keys after the shared prefix, another row's all keys
             first = tl.minimum(tl.load(shared_ptr + 2 + seq), context_len)
@@ -196,11 +198,13 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, ou
 
 
 @triton.jit
-def _combine_kernel(part_acc_ptr, part_ml_ptr, out_ptr, shared_ptr, stride_ot, stride_oh,
+def _combine_kernel(part_acc_ptr, part_ml_ptr, out_ptr, context_lens_ptr, shared_ptr, stride_ot, stride_oh,
                     HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, CASCADE: tl.constexpr, BLOCK_P: tl.constexpr,
                     PDL: tl.constexpr):
     wait_then_release(PDL)        # the o projection may start loading its weights (utils/pdl.py)
     seq, head = tl.program_id(0), tl.program_id(1)
+    if tl.load(context_lens_ptr + seq) == 0:   # no decode row: no partials, the output is left alone
+        return
     part = tl.arange(0, BLOCK_P)
     num_used = NUM_SPLITS
     if CASCADE:   # the last part is the shared prefix's, written only for its sharers
@@ -242,7 +246,9 @@ def decode_attention(q: torch.Tensor, cache: LayerKVCache, block_tables: torch.T
     prefix length L (whole blocks), a row that holds it, then per row L or 0. The sharers' first L keys are
     the same blocks in each of their tables; their K/V are read once per KV head for all sharers (a second
     launch over tiles of (sequence, head) pairs), each row's other keys as usual. L = 0 shares nothing.
-    `out`: where to write (by default a new tensor like q)."""
+    `out`: where to write (by default a new tensor like q). Rows whose context length is 0 are not decode rows
+    (a mixed graph's prefill rows, padding): their output is left unwritten, for the prefill kernel, which
+    may run at the same time on another stream (triton_backend.decode_beside_prefill)."""
     k_cache, v_cache = cache.k, cache.v
     num_seqs, num_heads, head_dim = q.shape
     block_size, num_kv_heads = check_paged_inputs(q, cache, block_tables)
@@ -275,7 +281,8 @@ def decode_attention(q: torch.Tensor, cache: LayerKVCache, block_tables: torch.T
         **pdl_launch(q.device), num_warps=settings["num_warps"], num_stages=settings["num_stages"],
         **({"maxnreg": settings["maxnreg"]} if settings.get("maxnreg") else {}))
     if num_parts > 1:
-        _combine_kernel[(num_seqs, num_heads)](part_acc, part_ml, out, context_lens if shared is None else shared,
+        _combine_kernel[(num_seqs, num_heads)](part_acc, part_ml, out, context_lens,
+                                               context_lens if shared is None else shared,
                                                out.stride(0), out.stride(1), HEAD_DIM=head_dim,
                                                NUM_SPLITS=num_splits, CASCADE=cascade,
                                                BLOCK_P=triton.next_power_of_2(num_parts), **pdl_launch(q.device))

@@ -193,6 +193,21 @@ def test_decode_launch_order_changes_nothing_but_the_order(num_splits, kv_cache_
     torch.testing.assert_close(ordered, plain, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("num_splits", [1, 2])
+@pytest.mark.parametrize("kv_cache_dtype", KV_DTYPES)
+def test_decode_leaves_rows_of_context_0_unwritten(num_splits, kv_cache_dtype):
+    """A mixed graph's decode launch covers prefill rows with context 0; the prefill kernel writes those,
+    possibly at the same time on another stream, so the decode kernel must not touch them."""
+    context_lens = [40, 0, 95, 0, 17]
+    q, cache, meta = make_case([1] * len(context_lens), context_lens, 4, 2, HEAD_DIMS[-1], BLOCK_SIZES[0],
+                               DTYPES[0], DEVICE, kv_cache_dtype=kv_cache_dtype)
+    out = torch.full_like(q, 7.0)
+    decode_attention(q, cache, meta.block_tables, meta.context_lens, 0.1, num_splits, out=out)
+    assert (out[[1, 3]] == 7.0).all()
+    rows = [0, 2, 4]
+    assert rel_err(out[rows], paged_attention_ref(q, cache, meta, 0.1)[rows]) < TOL[DTYPES[0]]
+
+
 def test_split_count_fills_the_gpu_and_is_a_power_of_two():
     assert num_decode_splits(1, 8, 8192) == 32
     assert num_decode_splits(256, 8, 8192) == 1
