@@ -9,8 +9,7 @@ layer, 256-token blocks scattered over the pool. Steps (query lengths over conte
 - "16k after 8k": a 16k chunk of a prompt whose first 8k keys are cached (a later chunk);
 - "64 x 250": bench-like short prompts;
 - "32 decodes x 12k + 16k chunk": an eager mixed step of the long workload, through the Triton backend
-  (decode rows by the decode kernel, on the step's stream and on a second one: NANOVLLM_OVERLAP_DECODE)
-  and, as "...in one launch", through the prefill kernel alone.
+  (decode rows by the decode kernel) and, as "...in one launch", through the prefill kernel alone.
 FLOPs counted = 4 x heads x head_dim x (visible keys per query), i.e. the causal score and value products.
 Settings are block_m/block_n/num_warps/num_stages; "default" is prefill_settings'. Prints one JSON line
 per (dtype, step, setting) and writes all of them to --out (default results/prefill-attention.json).
@@ -24,7 +23,6 @@ from datetime import datetime, timezone
 import torch
 from triton.testing import do_bench
 
-from nanovllm.attention import triton_backend
 from nanovllm.attention.metadata import AttentionMetadata, decode_order
 from nanovllm.attention.triton_backend import TritonBackend
 from nanovllm.attention.triton_decode import num_decode_splits
@@ -46,17 +44,6 @@ def set_model_shape(name: str) -> None:
     global HEADS, KV_HEADS, HEAD_DIM
     cfg = load_hf_config(shipped_config_dir(name))
     HEADS, KV_HEADS, HEAD_DIM = cfg.num_attention_heads, cfg.num_key_value_heads, head_dim_of(cfg)
-
-
-def on_two_streams(fn):
-    """fn with the mixed step's decode launch on a second stream (triton_backend.OVERLAP_DECODE)."""
-    def run():
-        triton_backend.OVERLAP_DECODE = True
-        try:
-            return fn()
-        finally:
-            triton_backend.OVERLAP_DECODE = False
-    return run
 
 
 def make_step(query_lens, context_lens, kind: str):
@@ -130,8 +117,7 @@ def main():
                     for s in args.settings}
             if meta.num_decodes:
                 backend, whole = TritonBackend(), dataclasses.replace(meta, num_decodes=0)
-                split = lambda: backend.forward(q, cache, meta, HEAD_DIM ** -0.5)   # noqa: E731
-                runs = {"decode rows split": split, "decode rows on a second stream": on_two_streams(split),
+                runs = {"decode rows split": lambda: backend.forward(q, cache, meta, HEAD_DIM ** -0.5),
                         "in one launch": lambda: backend.forward(q, cache, whole, HEAD_DIM ** -0.5)}
             for setting, fn in runs.items():
                 ms = do_bench(fn, warmup=20, rep=200, return_mode="median")

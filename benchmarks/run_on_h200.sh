@@ -27,8 +27,6 @@
 #   bash benchmarks/run_on_h200.sh moe       # dummy Qwen3-30B-A3B: batch-1 TPOT (bench_one.py), bench.py beside Qwen3-8B
 #   bash benchmarks/run_on_h200.sh moe-kernels # fused MoE launch settings ($MOE_SETTINGS) and how many pairs skip
 #                                             the sort, timed in CUDA graphs; batch-1 decode profile
-#   bash benchmarks/run_on_h200.sh overlap   # long/long int8/short with a mixed step's decode launch on a second
-#                                             stream (NANOVLLM_OVERLAP_DECODE=1) and without (~6 min)
 #   bash benchmarks/run_on_h200.sh runbatch  # run_batch's loop against LLM.generate on the short workload
 #   bash benchmarks/run_on_h200.sh interrupt # Ctrl-C 3 s into a long generate returns promptly, the engine answers as before
 #   bash benchmarks/run_on_h200.sh codemodel # train the ~76M code model on the stdlib (4 min), then n-gram speculation
@@ -148,19 +146,6 @@ case "$mode" in
       timeout 150 python bench.py --model $spec --repeat 3 --profile --out "$OUT/bench-$name.json" 2>&1 | tail -1 \
         | cut -c1-300
       pack
-    done
-    ;;
-  overlap)   # a mixed step's decode launch on a second stream (NANOVLLM_OVERLAP_DECODE) against one stream
-    timeout 60 python benchmarks/bench_prefill_attention.py --kv-cache-dtype auto int8 \
-      --steps "32 decodes x 12k + 16k chunk" --out "$OUT/prefill-attention-overlap.json" 2>&1 | cut -c1-200
-    pack
-    for spec in "long" "long --kv-cache-dtype int8" "short"; do
-      for overlap in 0 1; do
-        name=$(echo "$spec" | tr ' ' '_' | tr -d '-')-overlap$overlap
-        NANOVLLM_OVERLAP_DECODE=$overlap timeout 200 python bench.py --workload $spec --repeat 3 --profile \
-          --out "$OUT/bench-$name.json" 2>&1 | tail -1 | cut -c1-300
-        pack
-      done
     done
     ;;
   moe-kernels)   # fused MoE launch settings at Qwen3-30B-A3B's sizes ($MOE_SETTINGS), batch-1 decode profile

@@ -153,38 +153,6 @@ def test_eager_steps_queue_behind_the_step_in_flight(tmp_path):
     assert any(n >= 8 for n in launched), launched
 
 
-def test_decode_rows_on_a_second_stream_give_the_same_tokens(tmp_path, monkeypatch):
-    """NANOVLLM_OVERLAP_DECODE: a mixed step's decode launch on its own stream, beside the prefill launch, in
-    eager steps (six ~800-token prompts admitted at once, over the graphs' 4,096 tokens) and in the mixed
-    graphs (six ~100-token prompts, captured with the overlap on) alike: the same greedy ids as without."""
-    from nanovllm.attention import triton_backend
-    make_tiny_model(str(tmp_path), num_heads=4, num_kv_heads=2, head_dim=64)
-    rng = random.Random(5)
-    lens = [30] * 12 + [rng.randrange(750, 850) for _ in range(6)] + [rng.randrange(80, 120) for _ in range(6)]
-    prompts = [[rng.randrange(256) for _ in range(n)] for n in lens]
-    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in [5] * 6 + [30] * 18]
-    kw = dict(device="cuda", kvcache_block_size=16, max_model_len=1024, max_num_seqs=12, num_kvcache_blocks=1024,
-              max_num_batched_tokens=6000)
-    from nanovllm.engine.cuda_graph import MixedGraphs
-    beside, replay = triton_backend.decode_beside_prefill, MixedGraphs.run
-    ids, calls, replays = {}, [], []
-    monkeypatch.setattr(triton_backend, "decode_beside_prefill", lambda *a: calls.append(1) or beside(*a))
-    monkeypatch.setattr(MixedGraphs, "run", lambda self, batch, prev=None: replays.append(batch.num_decodes)
-                        or replay(self, batch, prev))
-    for overlap in (False, True):
-        monkeypatch.setattr(triton_backend, "OVERLAP_DECODE", overlap)
-        llm = LLM(str(tmp_path), **kw)
-        captured = len(calls)                       # mixed graphs captured with decode rows
-        ids[overlap] = [o["token_ids"] for o in llm.generate(prompts, params, use_tqdm=False)]
-        eager = len(calls) - captured               # eager mixed steps with decode rows
-        assert captured and eager and any(replays), (captured, eager, replays)
-        calls.clear()
-        replays.clear()
-        del llm
-        gc.collect()
-    assert ids[True] == ids[False]
-
-
 def test_cascade_attention_gives_the_same_tokens(tmp_path, monkeypatch):
     """Requests behind one shared prefix, admitted a few at a time so that later ones hit the cached prefix
     blocks: with cascade attention (the prefix read once per step for its sharers) the greedy tokens equal

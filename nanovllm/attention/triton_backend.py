@@ -1,15 +1,10 @@
 """Triton backend: the store, prefill and decode kernels behind the backend interface.
 
-A mixed step's attention is two launches: the decode kernel over its decode rows (bound by reading their
-KV cache) and the prefill kernel over its chunks (bound by the tensor cores when chunks are long). With
-NANOVLLM_OVERLAP_DECODE=1 the decode launch goes on a second stream, so that the GPU may run both at once
-(each writes its own rows of the output; the step's stream waits for both before the o projection); CUDA
-graphs capture the two streams as two branches. Off by default until measured on the workloads
-(`bash benchmarks/run_on_h200.sh overlap`).
+A mixed step's attention is two launches on one stream: the decode kernel over its decode rows (bound by
+reading their KV cache), then the prefill kernel over its chunks (bound by the tensor cores when chunks are
+long). Each writes its own rows of the output. (Both on two streams, so that the GPU might run them at once,
+gave no gain: docs/features/triton_attention, "tried, not kept".)
 """
-import functools
-import os
-
 import torch
 
 from nanovllm.attention.metadata import AttentionMetadata
@@ -18,28 +13,6 @@ from nanovllm.attention.triton_prefill import prefill_attention
 from nanovllm.attention.triton_store import store_step_kv
 from nanovllm.quant.kv import LayerKVCache
 from nanovllm.utils.tuned import num_sms
-
-OVERLAP_DECODE = os.environ.get("NANOVLLM_OVERLAP_DECODE", "0") == "1"
-
-
-@functools.cache
-def side_stream(device: torch.device) -> torch.cuda.Stream:
-    return torch.cuda.Stream(device)
-
-
-def decode_beside_prefill(decode, prefill, device: torch.device) -> torch.Tensor:
-    """decode(), then prefill() (which returns the output); with OVERLAP_DECODE the decode on a second stream
-    that forks from the current one and joins it again, so the two may run concurrently."""
-    if not OVERLAP_DECODE:
-        decode()
-        return prefill()
-    main, side = torch.cuda.current_stream(device), side_stream(device)
-    side.wait_stream(main)              # q and the cache, written on main
-    with torch.cuda.stream(side):
-        decode()
-    out = prefill()
-    main.wait_stream(side)              # the decode rows of out, before anything reads them
-    return out
 
 
 class TritonBackend:
@@ -72,22 +45,20 @@ class TritonBackend:
         # its query heads and splits long contexts; in the prefill kernel each would fill a query tile alone
         # and read its keys once per query head
         if meta.tiles is not None:   # a CUDA graph: a decode launch over its first rows (context 0: no decode)
-            if meta.decode_context_lens is None:
-                return prefill_attention(q, cache, meta.block_tables, meta.context_lens, meta.cu_seqlens_q,
-                                         meta.max_seqlen_q, scale, tiles=meta.tiles)
-            rows, out = meta.decode_context_lens.shape[0], torch.empty_like(q)
-            return decode_beside_prefill(
-                lambda: decode_attention(q[:rows], cache, meta.block_tables[:rows], meta.decode_context_lens,
-                                         scale, meta.num_decode_splits, out=out[:rows]),
-                lambda: prefill_attention(q, cache, meta.block_tables, meta.context_lens, meta.cu_seqlens_q,
-                                          meta.max_seqlen_q, scale, tiles=meta.tiles, out=out), q.device)
+            out = None
+            if meta.decode_context_lens is not None:
+                rows = meta.decode_context_lens.shape[0]
+                out = torch.empty_like(q)
+                decode_attention(q[:rows], cache, meta.block_tables[:rows], meta.decode_context_lens, scale,
+                                 meta.num_decode_splits, out=out[:rows])
+            return prefill_attention(q, cache, meta.block_tables, meta.context_lens, meta.cu_seqlens_q,
+                                     meta.max_seqlen_q, scale, tiles=meta.tiles, out=out)
         n = meta.num_decodes
         if n == 0:
             return prefill_attention(q, cache, meta.block_tables, meta.context_lens, meta.cu_seqlens_q,
                                      meta.max_seqlen_q, scale)
         out = torch.empty_like(q)
-        return decode_beside_prefill(
-            lambda: decode_attention(q[:n], cache, meta.block_tables[:n], meta.context_lens[:n], scale,
-                                     meta.num_decode_splits, order=meta.decode_order, out=out[:n]),
-            lambda: prefill_attention(q, cache, meta.block_tables, meta.context_lens, meta.cu_seqlens_q,
-                                      meta.max_seqlen_q, scale, out=out, first_seq=n), q.device)
+        decode_attention(q[:n], cache, meta.block_tables[:n], meta.context_lens[:n], scale, meta.num_decode_splits,
+                         order=meta.decode_order, out=out[:n])
+        return prefill_attention(q, cache, meta.block_tables, meta.context_lens, meta.cu_seqlens_q,
+                                 meta.max_seqlen_q, scale, out=out, first_seq=n)

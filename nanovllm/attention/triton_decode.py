@@ -247,8 +247,8 @@ def decode_attention(q: torch.Tensor, cache: LayerKVCache, block_tables: torch.T
     the same blocks in each of their tables; their K/V are read once per KV head for all sharers (a second
     launch over tiles of (sequence, head) pairs), each row's other keys as usual. L = 0 shares nothing.
     `out`: where to write (by default a new tensor like q). Rows whose context length is 0 are not decode rows
-    (a mixed graph's prefill rows, padding): their output is left unwritten, for the prefill kernel, which
-    may run at the same time on another stream (triton_backend.decode_beside_prefill)."""
+    (a mixed graph's prefill rows, padding): their output is left unwritten (the prefill kernel writes the
+    former), so nothing depends on which of the two launches writes last."""
     k_cache, v_cache = cache.k, cache.v
     num_seqs, num_heads, head_dim = q.shape
     block_size, num_kv_heads = check_paged_inputs(q, cache, block_tables)

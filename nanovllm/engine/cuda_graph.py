@@ -158,9 +158,8 @@ class MixedGraphs:
     (triton_prefill.flat_tiles) and K/V are stored by slot. The decode rows (first in the batch, one token
     each) go to the decode kernel, launched over the graph's first min(tokens, max_num_seqs) rows with a
     context of 0 for rows that are not decodes (nothing read and nothing written: the prefill kernel writes
-    those rows, and with triton_backend.OVERLAP_DECODE it may run beside the decode launch). Sequences up
-    to max_num_seqs; padding tokens have slot -1 and belong to no tile, padding sequences have no query and
-    context 0."""
+    those rows). Sequences up to max_num_seqs; padding tokens have slot -1 and belong to no tile, padding
+    sequences have no query and context 0."""
 
     def __init__(self, model: torch.nn.Module, backend, config, hidden_size: int, num_kv_heads: int, pool=None):
         from nanovllm.attention.triton_prefill import FLAT_BLOCK_M, flat_tiles
