@@ -83,6 +83,7 @@ def test_bench_runs_and_records_the_floor(tmp_path):
     record = json.loads(out_file.read_text())
     assert record["output_tokens"] == 200 and record["load_format"] == "dummy"
     assert len(record["runs_seconds"]) == 3 and sorted(record["runs_seconds"])[1] == round(record["seconds"], 3)
+    assert record["step_stats"] in record["runs_step_stats"] and len(record["runs_step_stats"]) == 3
     assert record["workload"] == "random" and record["floor"]["floor_s"] > 0 and record["seconds_over_floor"] > 1
     assert record["floor"]["min_steps"] == 100 and record["step_stats"]["prefill_steps"] == 1
 
