@@ -153,6 +153,26 @@ def test_eager_steps_queue_behind_the_step_in_flight(tmp_path):
     assert any(n >= 8 for n in launched), launched
 
 
+def test_a_wider_block_table_compiles_no_kernel_again(tmp_path):
+    """An eager step's block table is as wide as its longest sequence, and Triton compiles a kernel again
+    when an integer argument turns into a multiple of 16: a run whose tables reached 16 blocks compiled the
+    prefill, store and decode kernels again in its middle. Their table stride is not specialized."""
+    from nanovllm.attention import triton_decode, triton_prefill, triton_store
+    kernels = (triton_prefill._prefill_kernel, triton_store._store_window_kernel, triton_decode._decode_kernel)
+
+    def compiled():       # Triton's in-memory cache of compiled variants, per kernel
+        return [sum(len(caches[0]) for caches in fn.device_caches.values()) for fn in kernels]
+
+    make_tiny_model(str(tmp_path), num_heads=4, num_kv_heads=2, head_dim=64)
+    llm = LLM(str(tmp_path), device="cuda", enforce_eager=True, kvcache_block_size=16, max_model_len=512,
+              num_kvcache_blocks=256)
+    greedy_ids(llm, [[i % 256 for i in range(100)]], max_tokens=4)        # tables of 7 blocks
+    before = compiled()
+    assert all(before), before
+    greedy_ids(llm, [[i % 256 for i in range(250)]], max_tokens=4)        # tables of 16 blocks
+    assert compiled() == before
+
+
 def test_cascade_attention_gives_the_same_tokens(tmp_path, monkeypatch):
     """Requests behind one shared prefix, admitted a few at a time so that later ones hit the cached prefix
     blocks: with cascade attention (the prefix read once per step for its sharers) the greedy tokens equal

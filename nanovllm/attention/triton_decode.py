@@ -112,7 +112,7 @@ def launch_settings(cache: LayerKVCache, num_programs: int = 0) -> dict:
 __all__ = ["decode_attention", "paged_attention_ref"]
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_seqs", "stride_bt"])   # vary by eager step: no recompiling (triton_prefill)
 def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
                    block_tables_ptr, context_lens_ptr, order_ptr, shared_ptr, num_seqs, qk_scale,
                    stride_qt, stride_qh, stride_ot, stride_oh, stride_bt, stride_cb, stride_cs, stride_ch, stride_sb,

@@ -74,7 +74,9 @@ def _attend(acc, m_i, l_i, q, q8, row_scale, q_pos, k_cache_ptr, v_cache_ptr, k_
     return acc, m_i, l_i
 
 
-@triton.jit(do_not_specialize=["first_seq"])
+# Triton compiles a kernel again for an integer argument that becomes 1 or a multiple of 16; these two vary from
+# step to step (the block table is as wide as the step's longest sequence), so none of that mid-run
+@triton.jit(do_not_specialize=["first_seq", "stride_bt"])
 def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, out_ptr, block_tables_ptr,
                     context_lens_ptr, cu_q_ptr, tiles_ptr, first_seq, qk_scale, stride_qt, stride_qh, stride_ot,
                     stride_oh, stride_bt, stride_cb, stride_cs, stride_ch, stride_sb,

@@ -87,7 +87,7 @@ def _store_token_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_s
                     QUANT, QMAX, MIN_SCALE, True)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_bt"])   # the block table's width varies by step: no recompiling (prefill)
 def _store_window_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, block_tables_ptr,
                          context_lens_ptr, cu_q_ptr, stride_k, stride_v, stride_bt, NUM_KV_HEADS: tl.constexpr,
                          HEAD_DIM: tl.constexpr, QUANT: tl.constexpr, QMAX: tl.constexpr,
