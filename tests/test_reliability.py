@@ -133,6 +133,15 @@ def test_the_quantizer_checks_its_settings_first(model_dir, tmp_path, kw):
     assert not (tmp_path / "out").exists()
 
 
+def test_the_quantizer_names_the_group_sizes_a_model_takes(model_dir, tmp_path):
+    """A group wider than a layer's input (the tiny model's hidden size is 64) fails before anything is read
+    or written, naming the layer widths and group sizes that fit."""
+    from nanovllm.quant.awq_quantize import quantize_checkpoint
+    with pytest.raises(ValueError, match=r"--group-size 128 must divide .*q/k/v/gate/up_proj 64.*takes .*64"):
+        quantize_checkpoint(model_dir, str(tmp_path / "out"), group_size=128)
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("content", [None, '{"ids": [1, 2]}', "[1.5, 2]", "[1, 99999999]", "[]", "[1, 2",
                                      "", b"\xff\xfe\x00bad"])
 def test_the_quantizer_says_what_calibration_input_it_takes(model_dir, tmp_path, content):
@@ -146,7 +155,7 @@ def test_the_quantizer_says_what_calibration_input_it_takes(model_dir, tmp_path,
     elif content is not None:
         calib.write_text(content)
     with pytest.raises(ValueError, match="--calib"):
-        quantize_checkpoint(model_dir, str(tmp_path / "out"), method="rtn", calib=str(calib))
+        quantize_checkpoint(model_dir, str(tmp_path / "out"), method="rtn", group_size=32, calib=str(calib))
     assert not (tmp_path / "out").exists()
 
 
