@@ -196,8 +196,8 @@ def test_decode_launch_order_changes_nothing_but_the_order(num_splits, kv_cache_
 @pytest.mark.parametrize("num_splits", [1, 2])
 @pytest.mark.parametrize("kv_cache_dtype", KV_DTYPES)
 def test_decode_leaves_rows_of_context_0_unwritten(num_splits, kv_cache_dtype):
-    """A mixed graph's decode launch covers prefill rows with context 0; the prefill kernel writes those,
-    possibly at the same time on another stream, so the decode kernel must not touch them."""
+    """A mixed graph's decode launch covers prefill rows with context 0; the prefill kernel writes those, so
+    the decode kernel (and its combine step) leaves them alone, whichever launch runs last."""
     context_lens = [40, 0, 95, 0, 17]
     q, cache, meta = make_case([1] * len(context_lens), context_lens, 4, 2, HEAD_DIMS[-1], BLOCK_SIZES[0],
                                DTYPES[0], DEVICE, kv_cache_dtype=kv_cache_dtype)
