@@ -179,13 +179,15 @@ case "$mode" in
   codemodel)   # the weights stay on the machine: measured in the same call (training $CODE_MINUTES, default 4)
     timeout 330 python -m nanovllm.demo.train_code --minutes ${CODE_MINUTES:-4} --out /tmp/code-qwen3 2>&1 | tail -2
     cp /tmp/code-qwen3/training.json /tmp/code-qwen3/training.png "$OUT/" 2>/dev/null
+    pack     # each step packed: a call cut off by its limit keeps what finished
     timeout 150 python benchmarks/bench_spec.py --model /tmp/code-qwen3 --out "$OUT/spec-code-edit.json" 2>&1 \
       | grep -v INFO | cut -c1-300
+    pack
     timeout 120 python benchmarks/quality_table.py --model /tmp/code-qwen3 --out "$OUT/quality-code-model.json" 2>&1 \
       | grep -v INFO | cut -c1-300
     ;;
   *) echo "usage: $0 MODE... (checks kernels quick tune attention store bench workloads profile awq awq-sweep awq-e2e"\
-       "regress prefill archs overlap moe runbatch interrupt codemodel)"; exit 2 ;;
+       "regress prefill archs moe moe-kernels runbatch interrupt codemodel)"; exit 2 ;;
 esac
 pack
 done
