@@ -169,7 +169,7 @@ def test_a_wider_block_table_compiles_no_kernel_again(tmp_path):
     greedy_ids(llm, [[i % 256 for i in range(100)]], max_tokens=4)        # tables of 7 blocks
     before = compiled()
     assert all(before), before
-    greedy_ids(llm, [[i % 256 for i in range(250)]], max_tokens=4)        # tables of 16 blocks
+    greedy_ids(llm, [[(7 * i + 3) % 256 for i in range(250)]], max_tokens=4)    # 16 blocks (no prefix hit)
     assert compiled() == before
 
 
