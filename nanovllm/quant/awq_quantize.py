@@ -22,6 +22,8 @@ import tempfile
 import torch
 from safetensors.torch import save_file
 
+from nanovllm.config import load_hf_config
+from nanovllm.models.decoder import head_dim_of  # a tool (entry point): it may import from above quant
 from nanovllm.quant.awq import pack_awq
 
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -229,9 +231,7 @@ def check_settings(model_dir: str, out_dir: str, group_size: int, calib_tokens: 
                          f"{group_size}")
     if calib_tokens < 1:
         raise ValueError(f"--calib-tokens must be >= 1, got {calib_tokens}")
-    with open(os.path.join(model_dir, "config.json")) as f:
-        cfg = json.load(f)
-    widths = linear_input_widths(cfg)
+    widths = linear_input_widths(load_hf_config(model_dir))
     if any(w % group_size for w in widths.values()):
         fits = [g for g in range(8, min(widths.values()) + 1, 8) if all(w % g == 0 for w in widths.values())]
         raise ValueError(f"--group-size {group_size} must divide every quantized layer's input size "
@@ -240,14 +240,12 @@ def check_settings(model_dir: str, out_dir: str, group_size: int, calib_tokens: 
                             "no multiple of 8 divides them all"))
 
 
-def linear_input_widths(cfg: dict) -> dict[str, int]:
-    """The input size of each kind of linear layer the quantizer writes, from a HF config.json."""
-    hidden = cfg["hidden_size"]
-    head_dim = cfg.get("head_dim") or hidden // cfg["num_attention_heads"]
-    widths = {"q/k/v/gate/up_proj": hidden, "o_proj": cfg["num_attention_heads"] * head_dim,
-              "down_proj": cfg["intermediate_size"]}
-    if cfg.get("moe_intermediate_size"):
-        widths["experts' down_proj"] = cfg["moe_intermediate_size"]
+def linear_input_widths(cfg) -> dict[str, int]:
+    """The input size of each kind of linear layer the quantizer writes, from the HF config."""
+    widths = {"q/k/v/gate/up_proj": cfg.hidden_size, "o_proj": cfg.num_attention_heads * head_dim_of(cfg),
+              "down_proj": cfg.intermediate_size}
+    if getattr(cfg, "moe_intermediate_size", None):
+        widths["experts' down_proj"] = cfg.moe_intermediate_size
     return widths
 
 
