@@ -9,8 +9,8 @@ Workloads (prompt ids random in [0, 10000), random.seed(0), temperature 0.6, ign
 - sharegpt: the shipped ShareGPT-format sample (bench_sharegpt.py's reading of it), its reply lengths.
 One warm-up generate (its second step an eager mixed one); the timed run counts prefill and decode;
 throughput = output tokens / seconds.
-`--repeat N` times N runs on the same engine (prefix cache reset between them) and reports the median
-(every run's step times in `runs_step_stats`).
+`--repeat N` times N runs on the same engine (prefix cache reset between them) and reports the median (of an even count,
+the faster of the two middle runs; every run's step times in `runs_step_stats`).
 Engine settings are the Config defaults unless given (--max-num-seqs, --max-num-batched-tokens); the
 model length is the workload's longest request.
 
@@ -198,7 +198,7 @@ def run_nanovllm(args, model, load_format, w: Workload) -> dict:
         assert all(len(o["token_ids"]) == n for o, n in zip(outs, w.max_tokens)), "a sequence stopped early"
         runs.append({"seconds": seconds, "output_tokens": sum(len(o["token_ids"]) for o in outs),
                      "step_stats": {k: round(v, 3) for k, v in llm.stats.items()}})
-    median = sorted(runs, key=lambda r: r["seconds"])[len(runs) // 2]
+    median = sorted(runs, key=lambda r: r["seconds"])[(len(runs) - 1) // 2]   # the faster middle run of an even count
     result = {**median, "runs_seconds": [round(r["seconds"], 3) for r in runs],
               "runs_step_stats": [r["step_stats"] for r in runs], "startup_s": round(startup_s, 1),
               "kv_cache_tokens": llm.model_runner.num_kvcache_blocks * llm.config.kvcache_block_size,
