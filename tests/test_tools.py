@@ -160,3 +160,16 @@ def test_step_profile_reports_the_admission_phase_apart(monkeypatch):
     assert result["admission"]["idle_fraction"] == round(1 - 3000 / 5000, 4)   # 3 kernels over a 5 ms window
     assert result["top_kernels_ms_per_step"] == {"decode_kernel": 0.7, "prefill_kernel": 0.3}
     assert result["idle_fraction"] == round(1 - 10000 / (5000 + 7000), 4)
+    assert result["admission"]["stall_fraction"] == round(2000 / 5000, 4)   # the two 1 ms gaps
+    assert result["stall_fraction"] == round(2000 / (5000 + 7000), 4)       # the decode kernels: back to back
+
+
+def test_stalls_are_the_long_gaps_between_kernels():
+    """Gaps shorter than STALL_US are launch gaps inside a step; longer ones, and only they, are stalls
+    (overlapping spans leave no gap)."""
+    from nanovllm.tools.decode_profile import stall_length, union_length
+
+    spans = [(0.0, 10.0), (12.0, 20.0), (15.0, 30.0), (80.0, 90.0), (109.0, 120.0), (150.0, 151.0)]
+    assert stall_length(spans, threshold_us=20.0) == (80.0 - 30.0) + (150.0 - 120.0)
+    assert stall_length(spans, threshold_us=5.0) == 50.0 + 19.0 + 30.0
+    assert union_length(spans) == 10.0 + 18.0 + 10.0 + 11.0 + 1.0

@@ -1,7 +1,8 @@
 """How long the GPU sits idle between decode steps: `python -m nanovllm.tools.decode_profile [options]`.
 
 Fills a batch of running sequences, then records `--steps` decode steps with the PyTorch profiler. GPU
-busy time is the union of kernel and copy intervals; idle fraction = 1 - busy / wall window. Prints one
+busy time is the union of kernel and copy intervals; idle fraction = 1 - busy / wall window, stall fraction the
+part of it in gaps of 20 us or more (the GPU without work, not between two launches of a step). Prints one
 JSON line (and writes it with --out).
 """
 import argparse
@@ -51,12 +52,29 @@ def union_length(spans: list[tuple[float, float]]) -> float:
     return total + (cur_end - cur_start if cur_end is not None else 0.0)
 
 
+STALL_US = 20.0   # a gap at least this long is the GPU waiting for work; shorter ones are launch gaps
+
+
+def stall_length(spans: list[tuple[float, float]], threshold_us: float = STALL_US) -> float:
+    """The idle time of sorted (start, end) spans that lies in gaps of at least threshold_us. Inside a step
+    (a CUDA graph, back-to-back launches) the GPU waits a microsecond or two between kernels; a gap of tens
+    of microseconds means the next launch had not been issued: the host, or a wait, held the GPU up."""
+    total, cur_end = 0.0, None
+    for start, end in spans:
+        if cur_end is not None and start - cur_end >= threshold_us:
+            total += start - cur_end
+        cur_end = end if cur_end is None else max(cur_end, end)
+    return total
+
+
 def profile_steps(llm, steps: int) -> dict:
     """Profile the engine's next `steps` steps (requests already added): the GPU's idle fraction between
     the first and last kernel, the time per step, and the kernels that take most of it; and the same for
     the admission phase alone ("admission": the steps while requests wait, i.e. the prefill and mixed
     steps, whose kernels the decode steps' would otherwise hide). The phases are profiled one after the
-    other, so the overall figures add the two windows, not the moment between them."""
+    other, so the overall figures add the two windows, not the moment between them. idle_fraction counts
+    every gap between kernels; stall_fraction only the gaps of STALL_US or more (the GPU without work,
+    rather than between two launches of one step)."""
     torch.cuda.synchronize()
     phases, done = [], 0
     for name, more in (("admission", lambda: bool(llm.scheduler.waiting)), ("rest", lambda: True)):
@@ -71,13 +89,15 @@ def profile_steps(llm, steps: int) -> dict:
             wall = time.perf_counter() - start
         if n:
             spans = busy_intervals(prof)
-            phases.append((name, prof, n, wall, spans[-1][1] - spans[0][0], union_length(spans)))
+            phases.append((name, prof, n, wall, spans[-1][1] - spans[0][0], union_length(spans),
+                           stall_length(spans)))
 
     def summary(parts) -> dict:
         n, wall = sum(p[2] for p in parts), sum(p[3] for p in parts)
-        window, busy = sum(p[4] for p in parts), sum(p[5] for p in parts)
+        window, busy, stalls = (sum(p[i] for p in parts) for i in (4, 5, 6))
         return {"steps": n, "wall_ms_per_step": round(1e3 * wall / n, 3),
                 "gpu_busy_ms_per_step": round(busy / 1e3 / n, 3), "idle_fraction": round(1 - busy / window, 4),
+                "stall_fraction": round(stalls / window, 4),
                 "top_kernels_ms_per_step": top_kernels([p[1] for p in parts], n, 8)}
 
     result = summary(phases)
@@ -139,6 +159,7 @@ def main():
     record = {"num_seqs": args.num_seqs, "steps": args.steps, "bench_workload": args.bench_workload,
               "wall_ms_per_step": 1e3 * wall / args.steps,
               "gpu_busy_ms_per_step": busy / 1e3 / args.steps, "idle_fraction": round(1 - busy / window, 4),
+              "stall_fraction": round(stall_length(spans) / window, 4),
               "enforce_eager": args.enforce_eager, "kv_cache_dtype": args.kv_cache_dtype,
               "gpu": torch.cuda.get_device_name(),
               "model": os.path.basename(args.model.rstrip("/")), "awq": args.awq,

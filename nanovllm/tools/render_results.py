@@ -102,7 +102,9 @@ def profile_rows(root: str) -> list[str]:
         decode_ms = r["top_kernels_ms_per_step"].get("_decode_kernel", 0.0)
         line = (f"Decode profile (`{path}`, {r['gpu']}, {r['steps']} steps): "
                 f"{r['wall_ms_per_step']:.2f} ms wall per step, {r['gpu_busy_ms_per_step']:.2f} ms GPU busy "
-                f"(idle {100 * r['idle_fraction']:.1f}%), decode attention {decode_ms:.2f} ms")
+                f"(idle {100 * r['idle_fraction']:.1f}%"
+                + (f", stalls of 20 us or more {100 * r['stall_fraction']:.1f}%" if "stall_fraction" in r else "")
+                + f"), decode attention {decode_ms:.2f} ms")
         if r.get("bench_workload") and decode_ms:
             kv_dtype = r.get("kv_cache_dtype", "auto")
             kv_bytes = bench_kv_bytes(kv_dtype)
