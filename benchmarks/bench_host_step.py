@@ -28,7 +28,7 @@ from bench import make_workload  # the repository root's bench.py
 from nanovllm.attention.torch_ref import TorchBackend
 from nanovllm.config import Config
 from nanovllm.configs import shipped_config_dir
-from nanovllm.engine.llm_engine import LLMEngine
+from nanovllm.engine.llm_engine import LLMEngine, step_stats
 from nanovllm.engine.logprobs import sampled_logprobs
 from nanovllm.engine.model_runner import ModelRunner
 from nanovllm.engine.pending import PendingStep
@@ -119,7 +119,7 @@ def host_only_engine(max_num_seqs: int, num_blocks: int) -> LLMEngine:
     Sequence.block_size = config.kvcache_block_size
     engine.model_runner = HostOnlyRunner(config)
     engine.scheduler = Scheduler(config, num_blocks)
-    engine.pending, engine.stats = None, {"gpu_wait_s": 0.0}
+    engine.pending, engine.stats = None, step_stats()
     return engine
 
 
@@ -151,6 +151,9 @@ def main():
     record = {"workload": args.workload, "max_num_seqs": args.max_num_seqs, "host_s": round(seconds, 3),
               "steps": {k: len(v) for k, v in per_kind.items()},
               "host_ms_per_step": {k: round(1e3 * sum(v) / len(v), 3) for k, v in per_kind.items()},
+              # of which enqueuing the step (engine.stats' launch_s, as bench.py reports it on the GPU)
+              "launch_ms_per_step": {k: round(1e3 * engine.stats[f"{k}_launch_s"] / len(v), 3)
+                                     for k, v in per_kind.items()},
               "profiled": args.profile, "command": "python " + " ".join(sys.argv)}
     save_record(record, args.out or results_path("host", f"host-{args.workload}.json"))
     if profiler:

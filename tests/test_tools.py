@@ -117,6 +117,8 @@ def test_host_step_benchmark_runs_the_engine_without_a_gpu(tmp_path):
     result = json.loads(out_file.read_text())
     assert result["steps"]["mixed"] > 100 and result["steps"]["decode"] > 100
     assert result["host_ms_per_step"]["mixed"] > 0
+    for kind in ("mixed", "decode"):     # llm.stats' launch time: part of the step's host time
+        assert 0 < result["launch_ms_per_step"][kind] < result["host_ms_per_step"][kind]
 
 
 def test_step_profile_reports_the_admission_phase_apart(monkeypatch):

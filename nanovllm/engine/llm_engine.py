@@ -35,6 +35,15 @@ def load_tokenizer(model_dir: str):
     return AutoTokenizer.from_pretrained(model_dir)
 
 
+def step_stats() -> dict[str, float]:
+    """Counters per step kind (prefill, mixed, decode): steps, tokens, seconds in step(), and launch_s, the
+    host time spent enqueuing overlapped steps (an eager step's Python launches included; near the kind's
+    seconds means the host sets those steps' pace). gpu_wait_s: host time blocked on an overlapped step's
+    results; near 0 means the host, not the GPU, sets the decode pace."""
+    return {f"{kind}_{what}": 0 for kind in ("prefill", "mixed", "decode")
+            for what in ("steps", "tokens", "s", "launch_s")} | {"gpu_wait_s": 0.0}
+
+
 class LLMEngine:
     """Owns the tokenizer, the scheduler and the model runner."""
 
@@ -54,10 +63,7 @@ class LLMEngine:
         self.model_runner = ModelRunner(config)
         self.scheduler = Scheduler(config, self.model_runner.num_kvcache_blocks)
         self.pending = None   # the step in flight, whose tokens the host has not read
-        # gpu_wait_s: host time blocked on an overlapped step's results; near 0 means the host, not the
-        # GPU, sets the decode pace
-        self.stats = {f"{kind}_{what}": 0 for kind in ("prefill", "mixed", "decode")
-                      for what in ("steps", "tokens", "s")} | {"gpu_wait_s": 0.0}
+        self.stats = step_stats()
 
     def shutdown(self) -> None:
         """End tensor-parallel workers and the process group (also done by `del llm` and at exit); the
@@ -153,7 +159,9 @@ class LLMEngine:
                                    "max_model_len")
             return finished + self._drain(), 0, "decode"
         if self.model_runner.can_launch_async(batch):
+            start = time.perf_counter()
             launched = self.model_runner.launch(batch, self.pending)
+            self.stats[f"{batch.kind}_launch_s"] += time.perf_counter() - start
             finished += self._drain()
             sampled = set(batch.sample_rows)
             self.scheduler.postprocess(batch, [PLACEHOLDER if i in sampled else None
