@@ -8,10 +8,12 @@ file into train and held-out (1 in 20, by a hash of the path, so the split never
 file order). Tokenizer: the demo's byte-level one. Model: a Qwen3-shaped decoder, "base" ~76M parameters
 (hidden 768, 12 layers, 12 heads, 4 KV heads, SwiGLU 2048), "tiny" for tests. Training: AdamW, cosine decay
 after a warm-up, 1,024-byte windows, bf16 autocast on CUDA, until --minutes of wall time or --steps; a fixed
-seed. Written to --out (default results/code-qwen3, untracked): the weights (bf16 safetensors), config
-(marked "nanovllm_trained": "stdlib-code"), tokenizer, and training.json with the loss curve and the
-held-out loss (training.png beside it when matplotlib is installed). The weights are made where they are
-used; they are not committed.
+seed. When the time budget ends first, the decay follows the clock (the run still ends at a low learning
+rate), so its steps depend on the machine's speed; --steps with a generous --minutes gives a run that
+repeats step for step. Written to --out (default results/code-qwen3, untracked): the weights (bf16
+safetensors), config (marked "nanovllm_trained": "stdlib-code"), tokenizer, and training.json with the loss
+curve (and learning rate) and the held-out loss (training.png beside it when matplotlib is installed). The
+weights are made where they are used; they are not committed.
 """
 import argparse
 import glob
@@ -93,17 +95,21 @@ def train(args) -> dict:
     model = Qwen3ForCausalLM(model_config(args.size)).float().to(device).train()
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
     warmup = max(1, min(200, args.steps // 10))
+    budget_s = 60 * args.minutes
 
-    def lr_at(step: int) -> float:
+    def lr_at(step: int, elapsed_s: float) -> float:
+        """Linear warm-up, then a cosine decay over whichever ends first, the steps or the time budget, so
+        that a run cut by --minutes still ends at a low learning rate."""
         if step < warmup:
             return args.lr * (step + 1) / warmup
-        return args.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, args.steps - warmup))))
+        progress = max((step - warmup) / max(1, args.steps - warmup), elapsed_s / budget_s)
+        return args.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
     curve, start, step = [], time.perf_counter(), 0
     gen = torch.Generator().manual_seed(args.seed)
-    while step < args.steps and time.perf_counter() - start < 60 * args.minutes:
+    while step < args.steps and time.perf_counter() - start < budget_s:
         for group in opt.param_groups:
-            group["lr"] = lr_at(step)
+            group["lr"] = lr_at(step, time.perf_counter() - start)
         starts = torch.randint(0, len(train_ids) - args.window - 1, (args.batch,), generator=gen)
         x = torch.stack([train_ids[s:s + args.window] for s in starts]).to(device)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
@@ -114,7 +120,7 @@ def train(args) -> dict:
         opt.step()
         if step % args.log_every == 0:
             curve.append({"step": step, "seconds": round(time.perf_counter() - start, 1),
-                          "loss": round(loss.item(), 4)})
+                          "loss": round(loss.item(), 4), "lr": round(opt.param_groups[0]["lr"], 7)})
             print(json.dumps(curve[-1]), flush=True)
         step += 1
     record = {"size": args.size, "parameters": sum(p.numel() for p in model.parameters()), "steps": step,
