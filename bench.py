@@ -175,6 +175,7 @@ def run_nanovllm(args, model, load_format, w: Workload) -> dict:
               attention_backend=args.attention_backend, enable_prefix_caching=not args.no_prefix_caching,
               enable_cascade_attention=args.enable_cascade_attention, **settings)
     startup_s = time.perf_counter() - started
+    llm.scheduler.admit_min_free_seats = max(1, int(args.admission_wave * llm.config.max_num_seqs))
     params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=n) for n in w.max_tokens]
     # warm-up on a slice of the workload itself, so kernel compilation stays out of the timed run: prompts
     # until they overflow one step's budget by more than a graph's tokens, so that the second step is an
@@ -268,6 +269,9 @@ def main():
     parser.add_argument("--enable-cascade-attention", action=argparse.BooleanOptionalAction, default=True,
                         help="decode reads a prefix shared through the cache once per step for its sharers")
     parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument("--admission-wave", type=float, default=0.0, metavar="FRACTION",
+                        help="admit waiting requests only once this fraction of the seats is free (admission in "
+                             "waves); 0, the engine's way, admits them in any step with a free seat")
     parser.add_argument("--kv-cache-dtype", default="auto")
     parser.add_argument("--attention-backend", default="auto")
     parser.add_argument("--tensor-parallel-size", type=int, default=1)
@@ -277,6 +281,8 @@ def main():
                         help="JSON file (default: results/bench/<engine>-<model>-<workload>-...json, untracked; "
                              "the README's table renders benchmark_results/bench/)")
     args = parser.parse_args()
+    if not 0 <= args.admission_wave <= 1:
+        parser.error(f"--admission-wave is a fraction of the seats, from 0 to 1; got {args.admission_wave}")
     if args.workload == "random" and min(args.max_input_len, args.max_output_len) < 100:
         parser.error("the random workload draws lengths from randint(100, max): --max-input-len and "
                      "--max-output-len must be >= 100")

@@ -15,6 +15,9 @@
 #   bash benchmarks/run_on_h200.sh bench     # bench.py bf16/int8/fp8 (median of 3; $BENCH_KV picks)
 #   bash benchmarks/run_on_h200.sh workloads # bench.py --workload short/prefix (+ no cascade)/random/long (+ int8; $WORKLOADS picks),
 #                                              median of 3, GPU idle fraction (~8 min on the H200)
+#   bash benchmarks/run_on_h200.sh waves     # admission every step against waves ($WAVES: fractions of the seats that
+#                                             must be free) on the short workload, 1,024 and 256 seats, median of 3
+#                                             (~6 min)
 #   bash benchmarks/run_on_h200.sh profile   # decode step profile of bench.py's workload per KV dtype ($PROFILE_KV)
 #   bash benchmarks/run_on_h200.sh awq       # AWQ kernel tests, fastest method per shape -> quant/tuned/
 #   bash benchmarks/run_on_h200.sh awq-sweep # GEMV settings per shape ($SWEEP_MODELS) + methods -> quant/tuned/
@@ -84,6 +87,16 @@ case "$mode" in
       timeout 200 python bench.py --workload $spec --repeat 3 --profile --out "$OUT/bench-$name.json" 2>&1 | tail -1 \
         | cut -c1-300
       pack
+    done
+    ;;
+  waves)   # issue 37: admission in every step (0) against bounded waves, the same engine defaults otherwise
+    # (random and prefix hold at most 512 requests: every one is admitted at once under the default 1,024 seats)
+    for seats in 1024 256; do
+      for wave in ${WAVES:-0 0.125 0.25 0.5}; do
+        timeout 150 python bench.py --workload short --max-num-seqs $seats --admission-wave $wave --repeat 3 \
+          --out "$OUT/bench-short-seats$seats-wave$wave.json" 2>&1 | tail -1 | cut -c1-300
+        pack
+      done
     done
     ;;
   attention)
@@ -188,7 +201,7 @@ case "$mode" in
       | grep -v INFO | cut -c1-300
     ;;
   *) echo "usage: $0 MODE... (checks kernels quick tune attention store bench workloads profile awq awq-sweep awq-e2e"\
-       "regress prefill archs moe moe-kernels runbatch interrupt codemodel)"; exit 2 ;;
+       "regress prefill archs moe moe-kernels runbatch interrupt codemodel waves)"; exit 2 ;;
 esac
 pack
 done

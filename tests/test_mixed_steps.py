@@ -15,6 +15,9 @@ SCHEDULES = {   # name: (LLM settings, number of requests)
     "budget17-seats3-preempt": (dict(max_num_batched_tokens=17, max_num_seqs=3, num_kvcache_blocks=9), 14),
     "budget40-seats6-preempt": (dict(max_num_batched_tokens=40, max_num_seqs=6, num_kvcache_blocks=12), 24),
     "budget64-seats2": (dict(max_num_batched_tokens=64, max_num_seqs=2, num_kvcache_blocks=64), 12),
+    # admission in waves: newcomers only once 3 of the 5 seats are free (Scheduler.admit_min_free_seats)
+    "budget17-seats5-waves": (dict(max_num_batched_tokens=17, max_num_seqs=5, num_kvcache_blocks=64,
+                                   admit_min_free_seats=3), 12),
 }
 
 
@@ -42,8 +45,11 @@ def requests(seed: int, n: int):
 def test_mixed_steps_give_each_request_its_own_greedy_tokens(model, name):
     path, hf = model
     settings, n = SCHEDULES[name]
+    settings = dict(settings)
+    waves = settings.pop("admit_min_free_seats", 1)
     prompts, params = requests(seed=len(name), n=n)
     llm = LLM(path, kvcache_block_size=16, max_model_len=128, **settings)
+    llm.scheduler.admit_min_free_seats = waves
     outs = llm.generate(prompts, params, use_tqdm=False)
     stats = llm.stats
     assert stats["mixed_steps"] > 0, stats                    # the schedule did mix decodes and chunks

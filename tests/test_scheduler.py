@@ -167,3 +167,24 @@ def test_budget_counts_decodes_first():
     assert batch.num_new_tokens == [1, 1, 8] and batch.num_decodes == 2 and batch.sample_rows == [0, 1]
     batch = step(sched)
     assert batch.num_new_tokens == [1, 1, 8] and c.num_computed_tokens == 16
+
+
+def test_waves_admit_only_once_enough_seats_are_free():
+    """admit_min_free_seats > 1 (bench.py --admission-wave): no newcomer while fewer seats are free, unless
+    nothing runs; a prompt already being chunked goes on."""
+    sched = make(max_seqs=3, max_tokens=64)
+    sched.admit_min_free_seats = 2
+    first = [Sequence([i] * 5) for i in range(3)]
+    late = [Sequence([7] * 5), Sequence([8] * 40)]
+    for s in first + late:
+        sched.add(s)
+    assert step(sched).seqs == first                     # nothing runs: admitted at once
+    sched.finish(first[0], "length")
+    assert step(sched).kind == "decode"                 # one seat free: no newcomer
+    sched.finish(first[1], "length")
+    sched.max_num_batched_tokens = 10                    # the 40-token prompt gets a chunk, then goes on
+    batch = step(sched)
+    assert batch.seqs == [first[2]] + late and batch.num_new_tokens == [1, 5, 4]
+    assert len(sched.running) == 2 and sched.max_num_seqs - len(sched.running) < 2
+    batch = step(sched)
+    assert batch.seqs == [first[2], late[0], late[1]] and batch.num_new_tokens == [1, 1, 8]

@@ -88,6 +88,21 @@ def test_bench_runs_and_records_the_floor(tmp_path):
     assert record["floor"]["min_steps"] == 100 and record["step_stats"]["prefill_steps"] == 1
 
 
+def test_bench_admits_in_waves_when_asked(tmp_path):
+    """--admission-wave 1: newcomers only once every seat is free, so no step mixes decodes and prefill."""
+    from tiny_models import make_tiny_model
+    make_tiny_model(str(tmp_path / "tiny"))
+    out_file = tmp_path / "bench.json"
+    subprocess.run([sys.executable, "bench.py", "--model", str(tmp_path / "tiny"), "--num-seqs", "6",
+                    "--max-num-seqs", "2", "--max-input-len", "100", "--max-output-len", "100",
+                    "--max-model-len", "256", "--admission-wave", "1", "--out", str(out_file)],
+                   cwd=ROOT, check=True, capture_output=True, timeout=600)
+    record = json.loads(out_file.read_text())
+    stats = record["step_stats"]
+    assert record["settings"]["admission_wave"] == 1 and record["output_tokens"] > 0
+    assert stats["mixed_steps"] == 0 and stats["prefill_steps"] == 3, stats   # three waves of two
+
+
 def test_floor_counts_the_weights_a_token_reads(monkeypatch):
     """bench.active_params: every weight of a dense model but the embedding; an MoE layer's router and top_k
     experts only (Qwen3-30B-A3B: about 3B of its 30B, as its name says)."""

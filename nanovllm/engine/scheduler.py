@@ -78,6 +78,9 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: deque[Sequence] = deque()
         self.num_preemptions = 0
+        # Waiting requests are admitted in any step with a free seat (1). A larger value admits them in waves,
+        # only once that many seats are free (or nothing runs); bench.py --admission-wave measures it
+        self.admit_min_free_seats = 1
         self.max_model_len = config.max_model_len
         spec = config.speculative_config
         self.proposer = NgramProposer(spec) if spec is not None else None
@@ -147,7 +150,11 @@ class Scheduler:
             seq.add_drafts(drafts)
 
     def _schedule_prefills(self, budget: int, seqs: list[Sequence], counts: list[int]) -> None:
-        """Waiting sequences in order, under the budget and the free seats; the last one may be a chunk."""
+        """Waiting sequences in order, under the budget and the free seats; the last one may be a chunk. A
+        prompt already being chunked goes on; a new admission waits for admit_min_free_seats free seats."""
+        mid_chunk = bool(self.waiting) and bool(self.waiting[0].block_table)   # holds its blocks (preempt)
+        if self.running and not mid_chunk and self.max_num_seqs - len(self.running) < self.admit_min_free_seats:
+            return
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             if not seq.block_table:
