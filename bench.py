@@ -9,8 +9,8 @@ Workloads (prompt ids random in [0, 10000), random.seed(0), temperature 0.6, ign
 - sharegpt: the shipped ShareGPT-format sample (bench_sharegpt.py's reading of it), its reply lengths.
 One warm-up generate (its second step an eager mixed one); the timed run counts prefill and decode;
 throughput = output tokens / seconds.
-`--repeat N` times N runs on the same engine (prefix cache reset between them) and reports the median (of an even count,
-the faster of the two middle runs; every run's step times in `runs_step_stats`).
+`--repeat N` times N runs on the same engine (prefix cache reset between them) and reports the median
+(of an even count, the faster of the two middle runs; every run's step times in `runs_step_stats`).
 Engine settings are the Config defaults unless given (--max-num-seqs, --max-num-batched-tokens); the
 model length is the workload's longest request.
 
