@@ -33,13 +33,20 @@ KV_DTYPES = ["auto", "int8", "fp8"]
 
 
 def grid(modes: list[list], sizes: list[list]) -> list[tuple]:
-    """(dtype, *mode, *size) for every combination. On CPU float32 takes the first of each size axis only:
-    it differs from float16 in the dots' precision and the casts, not in how tiles cover sizes, and the
-    interpreter runs each case in about 0.4 s."""
+    """(dtype, *mode, *size) cases. On the GPU every combination. On CPU, where the interpreter runs a case
+    in about 0.4 s: float32 takes every mode with the first of each size axis (it differs from float16 in
+    the dots' precision and the casts, not in how tiles cover sizes); float16 takes every size combination
+    with every value of the last mode axis (the KV cache dtype, which changes how tiles are loaded), the
+    other mode axes taken in turn, shifted for each value of the last so that they meet every size."""
     cases = []
     for dtype in DTYPES:
-        size_axes = sizes if CUDA or dtype != torch.float32 else [axis[:1] for axis in sizes]
-        cases += [(dtype, *mode, *size) for mode in product(*modes) for size in product(*size_axes)]
+        if CUDA or dtype == torch.float32:
+            size_axes = sizes if CUDA else [axis[:1] for axis in sizes]
+            cases += [(dtype, *mode, *size) for mode in product(*modes) for size in product(*size_axes)]
+            continue
+        others, all_sizes = list(product(*modes[:-1])), list(product(*sizes))
+        for j, last in enumerate(modes[-1]):
+            cases += [(dtype, *others[(i + j) % len(others)], last, *size) for i, size in enumerate(all_sizes)]
     return cases
 
 
@@ -217,13 +224,16 @@ def test_split_count_fills_the_gpu_and_is_a_power_of_two():
 
 
 # block_n 16 = block_size 16: each tile lies inside one cache block (load_kv_tile's one-lookup branch)
-@pytest.mark.parametrize("settings", [{"block_n": 16, "num_warps": 2, "num_stages": 2},
-                                      {"block_n": 32, "num_warps": 2, "num_stages": 2},
-                                      {"block_n": 128, "num_warps": 8, "num_stages": 4},
-                                      {"block_n": 64, "num_warps": 2, "num_stages": 3},
-                                      {"block_n": 256, "num_warps": 4, "num_stages": 1}])  # head_dim 64's tiles
-@pytest.mark.parametrize("kv_cache_dtype", KV_DTYPES)
-@pytest.mark.parametrize("heads", [(8, 2), (4, 4)])
+LAUNCH_SETTINGS = [{"block_n": 16, "num_warps": 2, "num_stages": 2}, {"block_n": 32, "num_warps": 2, "num_stages": 2},
+                   {"block_n": 128, "num_warps": 8, "num_stages": 4}, {"block_n": 64, "num_warps": 2, "num_stages": 3},
+                   {"block_n": 256, "num_warps": 4, "num_stages": 1}]   # the last: head_dim 64's tiles
+HEADS = [(8, 2), (4, 4)]
+
+
+# every setting with every KV cache dtype; the two head layouts in turn, so each meets every setting and dtype
+@pytest.mark.parametrize("settings, kv_cache_dtype, heads", [
+    (settings, kv, HEADS[(i + j) % len(HEADS)]) for j, kv in enumerate(KV_DTYPES)
+    for i, settings in enumerate(LAUNCH_SETTINGS)])
 def test_decode_launch_settings_do_not_change_results(settings, kv_cache_dtype, heads):
     q, cache, meta = make_case([1] * 3, [1, 200, 77], *heads, HEAD_DIMS[-1], BLOCK_SIZES[0], DTYPES[0], DEVICE,
                                kv_cache_dtype=kv_cache_dtype)
