@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, fields
 import torch
 
 from nanovllm.models import check_architecture
+from nanovllm.quant.awq_method import read_awq_config
 from nanovllm.quant.kv import KV_CACHE_DTYPES
 
 logger = logging.getLogger(__name__)
@@ -17,6 +18,7 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 DEVICES = ("auto", "cuda", "cpu")
 LOAD_FORMATS = ("auto", "dummy")
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash_attn")
+QUANTIZATIONS = (None, "awq", "awq_marlin")    # vLLM's names for an AWQ checkpoint; None: as the checkpoint says
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,9 @@ class Config:
     enable_cascade_attention: bool = True    # decode reads a prefix that running sequences share through the
                                              # prefix cache once per step (Triton backend; vLLM's default too)
     speculative_config: dict | SpeculativeConfig | None = None   # {"method": "ngram", ...}: SpeculativeConfig
+    quantization: str | None = None          # vLLM's: the checkpoint's method, checked against it (check_quantization)
+    tokenizer: str | None = None             # a tokenizer directory other than the model's
+    trust_remote_code: bool = False          # passed to transformers' config and tokenizer loaders, as vLLM does
     hf_config: object = field(default=None, repr=False)
     eos_token_ids: tuple[int, ...] = ()
 
@@ -115,7 +120,7 @@ class Config:
         for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len", "tensor_parallel_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("enforce_eager", "enable_prefix_caching", "enable_cascade_attention"):
+        for name in ("enforce_eager", "enable_prefix_caching", "enable_cascade_attention", "trust_remote_code"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
@@ -128,6 +133,11 @@ class Config:
         _choice("load_format", self.load_format, LOAD_FORMATS)
         _choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
         _choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
+        _choice("quantization", self.quantization, QUANTIZATIONS)
+        if self.tokenizer is not None:
+            self.tokenizer = os.path.expanduser(self.tokenizer)
+            if not os.path.isdir(self.tokenizer):
+                raise ValueError(f"tokenizer={self.tokenizer!r} is not a directory (one holding tokenizer files)")
         if self.device == "auto":
             self.device = "cuda" if torch.cuda.is_available() else "cpu"
         if self.device == "cuda" and not torch.cuda.is_available():
@@ -137,7 +147,8 @@ class Config:
                              f"{torch.cuda.device_count()} visible; set CUDA_VISIBLE_DEVICES or use device='cpu'")
         if self.speculative_config is not None and not isinstance(self.speculative_config, SpeculativeConfig):
             self.speculative_config = SpeculativeConfig.from_dict(self.speculative_config)
-        self.hf_config = load_hf_config(self.model)
+        self.hf_config = load_hf_config(self.model, self.trust_remote_code)
+        check_quantization(self.quantization, self.model, self.hf_config)
         self.dtype = resolve_dtype(self.dtype, self.hf_config)
         if self.max_model_len > self.hf_config.max_position_embeddings:
             logger.warning("max_model_len=%d is over the model's max_position_embeddings=%d: using %d",
@@ -157,9 +168,19 @@ class Config:
         return [f.name for f in fields(cls) if f.name not in ("model", "hf_config")]
 
 
-def load_hf_config(model_dir: str):
+def load_hf_config(model_dir: str, trust_remote_code: bool = False):
     from transformers import AutoConfig
-    return AutoConfig.from_pretrained(model_dir)
+    return AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
+
+
+def check_quantization(quantization: str | None, model_dir: str, hf_config) -> None:
+    """vLLM scripts name the checkpoint's quantization (`quantization="awq"`); nanovllm reads it from the
+    checkpoint and quantizes nothing at load, so a name given must be the checkpoint's. "awq_marlin" (vLLM's
+    faster AWQ kernels) is taken as "awq": nanovllm picks its AWQ kernels per layer shape by measurement."""
+    if quantization is not None and read_awq_config(model_dir, hf_config) is None:
+        raise ValueError(f"quantization={quantization!r}, but {model_dir} is not an AWQ checkpoint (config.json has "
+                         f"no quantization_config) and nanovllm does not quantize at load: make one with `python -m "
+                         f"nanovllm.quant.awq_quantize --model DIR --out DIR`, or leave quantization unset")
 
 
 def resolve_dtype(dtype: str | torch.dtype, hf_config) -> torch.dtype:

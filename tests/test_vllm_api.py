@@ -1,6 +1,7 @@
 """A vLLM offline script's reading of outputs and prompts works unchanged (issue 43, part), and the
 dict keys nanovllm returned before still answer."""
 import json
+import os
 
 import pytest
 
@@ -130,3 +131,44 @@ def test_a_vllm_offline_script_runs_on_the_demo_model(tmp_path):
     lines = [line for line in run.stdout.splitlines() if line.startswith("Prompt: ")]
     assert len(lines) == 6 and all(line.endswith(("stop", "length")) for line in lines)
     assert any(line.startswith("Chat: ") for line in run.stdout.splitlines())
+
+
+def test_vllm_engine_arguments_quantization_tokenizer_and_trust_remote_code(tmp_path, monkeypatch):
+    """quantization= names the checkpoint's method (checked, never a quantization at load); tokenizer= reads
+    the tokenizer from another directory; trust_remote_code= reaches transformers' loaders."""
+    import shutil
+
+    import transformers
+
+    from nanovllm.config import Config
+    awq = tmp_path / "awq"
+    awq.mkdir()
+    with open(os.path.join(DEMO_MODEL_DIR, "config.json")) as f:
+        config = json.load(f)
+    config["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": 32, "version": "gemm"}
+    (awq / "config.json").write_text(json.dumps(config))
+    for name in ("awq", "awq_marlin", None):
+        assert Config(str(awq), max_model_len=256, quantization=name).quantization == name
+    with pytest.raises(ValueError, match="not an AWQ checkpoint.*awq_quantize"):
+        Config(DEMO_MODEL_DIR, max_model_len=256, quantization="awq")
+    with pytest.raises(ValueError, match=r"quantization='gptq' is not supported; choose one of \[None, 'awq'"):
+        Config(DEMO_MODEL_DIR, max_model_len=256, quantization="gptq")
+    with pytest.raises(ValueError, match="tokenizer=.* is not a directory"):
+        Config(DEMO_MODEL_DIR, max_model_len=256, tokenizer=str(tmp_path / "missing"))
+    with pytest.raises(ValueError, match="trust_remote_code must be True or False"):
+        Config(DEMO_MODEL_DIR, max_model_len=256, trust_remote_code="yes")
+
+    bare = tmp_path / "bare"                    # config.json alone: no tokenizer of its own, random weights
+    bare.mkdir()
+    shutil.copy(os.path.join(DEMO_MODEL_DIR, "config.json"), bare)
+    seen = {}                                   # loader -> the trust_remote_code of each call
+    for cls in (transformers.AutoConfig, transformers.AutoTokenizer):
+        real = cls.from_pretrained
+        monkeypatch.setattr(cls, "from_pretrained", lambda *a, real=real, name=cls.__name__, **k: seen.setdefault(
+            name, []).append(k.get("trust_remote_code")) or real(*a, **k))
+    llm = LLM(str(bare), load_format="dummy", tokenizer=DEMO_MODEL_DIR, trust_remote_code=True, max_model_len=64)
+    assert seen["AutoTokenizer"] == [True] and seen["AutoConfig"] and all(seen["AutoConfig"])
+    assert llm.get_tokenizer().encode("Beautiful") == LLM(DEMO_MODEL_DIR, max_model_len=64).get_tokenizer().encode(
+        "Beautiful")
+    out = llm.generate(["Beautiful is"], SamplingParams(max_tokens=3), use_tqdm=False)[0]
+    assert isinstance(out.outputs[0].text, str) and len(out.outputs[0].token_ids) == 3

@@ -26,13 +26,13 @@ def build_config(model: str, kwargs: dict) -> Config:
     return Config(model, **kwargs)
 
 
-def load_tokenizer(model_dir: str):
+def load_tokenizer(model_dir: str, trust_remote_code: bool = False):
     """The checkpoint's tokenizer, or None for a bare config (dummy weights): prompts are then token ids."""
     names = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
     if not any(os.path.exists(os.path.join(model_dir, n)) for n in names):
         logger.warning("%s has no tokenizer: prompts must be token ids and outputs carry no text", model_dir)
         return None
-    return AutoTokenizer.from_pretrained(model_dir)
+    return AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
 
 
 def step_stats() -> dict[str, float]:
@@ -54,7 +54,7 @@ class LLMEngine:
                     "enable_prefix_caching=%s device=%s", config.model, config.dtype, config.max_model_len,
                     config.max_num_seqs, config.max_num_batched_tokens, config.kv_cache_dtype,
                     config.tensor_parallel_size, config.enforce_eager, config.enable_prefix_caching, config.device)
-        self.tokenizer = load_tokenizer(config.model)
+        self.tokenizer = load_tokenizer(config.tokenizer or config.model, config.trust_remote_code)
         eos = set(config.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)
