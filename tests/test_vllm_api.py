@@ -133,7 +133,7 @@ def test_a_vllm_offline_script_runs_on_the_demo_model(tmp_path):
     assert any(line.startswith("Chat: ") for line in run.stdout.splitlines())
 
 
-def test_vllm_engine_arguments_quantization_tokenizer_and_trust_remote_code(tmp_path, monkeypatch):
+def test_vllm_engine_arguments_quantization_tokenizer_and_trust_remote_code(llm, tmp_path, monkeypatch):
     """quantization= names the checkpoint's method (checked, never a quantization at load); tokenizer= reads
     the tokenizer from another directory; trust_remote_code= reaches transformers' loaders."""
     import shutil
@@ -166,9 +166,8 @@ def test_vllm_engine_arguments_quantization_tokenizer_and_trust_remote_code(tmp_
         real = cls.from_pretrained
         monkeypatch.setattr(cls, "from_pretrained", lambda *a, real=real, name=cls.__name__, **k: seen.setdefault(
             name, []).append(k.get("trust_remote_code")) or real(*a, **k))
-    llm = LLM(str(bare), load_format="dummy", tokenizer=DEMO_MODEL_DIR, trust_remote_code=True, max_model_len=64)
+    other = LLM(str(bare), load_format="dummy", tokenizer=DEMO_MODEL_DIR, trust_remote_code=True, max_model_len=64)
     assert seen["AutoTokenizer"] == [True] and seen["AutoConfig"] and all(seen["AutoConfig"])
-    assert llm.get_tokenizer().encode("Beautiful") == LLM(DEMO_MODEL_DIR, max_model_len=64).get_tokenizer().encode(
-        "Beautiful")
-    out = llm.generate(["Beautiful is"], SamplingParams(max_tokens=3), use_tqdm=False)[0]
+    assert other.get_tokenizer().encode("Beautiful") == llm.get_tokenizer().encode("Beautiful")   # the demo's
+    out = other.generate(["Beautiful is"], SamplingParams(max_tokens=3), use_tqdm=False)[0]
     assert isinstance(out.outputs[0].text, str) and len(out.outputs[0].token_ids) == 3
